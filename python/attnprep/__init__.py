@@ -1,0 +1,14 @@
+"""attnprep: hand-written CUDA and Metal kernels for the memory-bound steps
+between a transformer's QKV projection and its attention.
+
+Public ops (see README.md and SPEC.md for the contract):
+
+- :func:`pack_qkv_destination_major`: Ulysses input side, one all-to-all.
+"""
+
+__version__ = "0.1.0"
+
+from ._info import build_info
+from .pack_qkv import pack_qkv_destination_major
+
+__all__ = ["__version__", "build_info", "pack_qkv_destination_major"]

@@ -1,0 +1,25 @@
+"""When to call the extension directly and when to go through torch.library.
+
+Eager calls on plain tensors go straight to the nanobind function: the
+dispatcher would add several microseconds per call to an op that is meant to
+cost a kernel launch. Anything torch is tracing (torch.compile, FakeTensor,
+tensor subclasses) goes through the registered custom op, whose fake
+implementation gives the output's metadata.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_is_compiling = torch.compiler.is_compiling
+
+
+def direct(*tensors) -> bool:
+    if _is_compiling():
+        return False
+    for t in tensors:
+        # Subclasses (FakeTensor, functional tensors...) need the dispatcher;
+        # anything that is no tensor at all gets the extension's TypeError.
+        if type(t) is not torch.Tensor and isinstance(t, torch.Tensor):
+            return False
+    return True

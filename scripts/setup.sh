@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what attnprep needs into the current python3 and builds it, with
+# the C++ tests, into build/dev (kept between runs, so rebuilds are
+# incremental). Works offline when everything is already installed.
+#   PYTHON=...        interpreter to use (default: python3)
+#   ATTNPREP_TORCH=.. torch requirement when torch is missing (default: the
+#                     release CI tests against)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+need=()
+$PY -c "import torch" 2>/dev/null || need+=("${ATTNPREP_TORCH:-torch==2.13.0}")
+$PY -c "import nanobind" 2>/dev/null || need+=("nanobind>=2.4")
+$PY -c "import scikit_build_core" 2>/dev/null || need+=("scikit-build-core>=0.10")
+$PY -c "import pytest" 2>/dev/null || need+=("pytest>=7")
+$PY -c "import hypothesis" 2>/dev/null || need+=("hypothesis>=6")
+command -v ninja >/dev/null || $PY -c "import ninja" 2>/dev/null || need+=("ninja")
+cmake_ok=$(cmake --version 2>/dev/null | awk 'NR==1 { split($3, v, "."); print (v[1] > 3 || (v[1] == 3 && v[2] >= 24)) ? 1 : 0 }')
+[ "${cmake_ok:-0}" = 1 ] || need+=("cmake>=3.24")
+if [ ${#need[@]} -gt 0 ]; then
+  echo "attnprep setup: installing ${need[*]}"
+  $PY -m pip install -q "${need[@]}"
+fi
+
+echo "attnprep setup: building (build/dev)"
+$PY -m pip install -q --no-build-isolation --no-deps \
+  -C build-dir=build/dev \
+  -C cmake.define.ATTNPREP_BUILD_TESTS=ON \
+  ${ATTNPREP_CMAKE_ARGS:+-C cmake.args="$ATTNPREP_CMAKE_ARGS"} \
+  .

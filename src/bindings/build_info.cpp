@@ -1,0 +1,32 @@
+// What this binary was built with, for attnprep.build_info().
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "bindings/tensor_import.h"
+
+#if ATTNPREP_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace attnprep::bindings {
+
+void init_build_info(nb::module_& m) {
+  m.def("_build_info", []() {
+    nb::dict info;
+    info["version"] = ATTNPREP_VERSION;
+#if ATTNPREP_WITH_CUDA
+    info["cuda"] = true;
+    info["cuda_version"] = std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
+    info["cuda_architectures"] = ATTNPREP_CUDA_ARCHITECTURES;
+#else
+    info["cuda"] = false;
+    info["cuda_version"] = nb::none();
+    info["cuda_architectures"] = "";
+#endif
+    info["metal"] = static_cast<bool>(ATTNPREP_WITH_METAL);
+    info["dlpack_path"] = dlpack_path();
+    return info;
+  });
+}
+
+}  // namespace attnprep::bindings

@@ -1,0 +1,47 @@
+// Python binding of pack_qkv_destination_major (SPEC.md section 1).
+#include "bindings/cuda_launch.h"
+#include "bindings/tensor_import.h"
+#include "core/pack_qkv.h"
+
+#if ATTNPREP_WITH_CUDA
+#include "cuda/strided_copy.h"
+#endif
+
+namespace attnprep::bindings {
+namespace {
+
+nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, int64_t world_size,
+                                      nb::handle out) {
+  const ImportedTensor tq = import_tensor(q, "q");
+  const ImportedTensor tk = import_tensor(k, "k");
+  const ImportedTensor tv = import_tensor(v, "v");
+  const core::PackQkvShape shape = core::check_pack_qkv_inputs(tq.arg, tk.arg, tv.arg, world_size);
+
+  nb::object result;
+  core::TensorArg dst;
+  if (out.is_none()) {
+    NewTensor n = new_tensor_like(q, tq, shape.out_shape, 4);
+    result = std::move(n.tensor);
+    dst = n.arg;
+  } else {
+    dst = import_tensor(out, "out").arg;
+    core::check_pack_qkv_out(shape, tq.arg, dst);
+    result = nb::borrow(out);
+  }
+  if (dst.numel() == 0) return result;
+
+  const core::StridedCopyPlan plan = core::plan_pack_qkv(shape, tq.arg, tk.arg, tv.arg, dst);
+  ATTNPREP_RUN_CUDA("pack_qkv_destination_major", tq.arg.device, stream, cuda::strided_copy(plan, stream));
+  return result;
+}
+
+}  // namespace
+
+void init_pack_qkv(nb::module_& m) {
+  m.def("pack_qkv_destination_major", &pack_qkv_destination_major, nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("world_size"), nb::arg("out").none() = nb::none(),
+        "Pack q, k, v [rows, heads, head_size] into [world_size, rows, heads // world_size, "
+        "3 * head_size] for one all_to_all_single. Returns `out` (allocated when None).");
+}
+
+}  // namespace attnprep::bindings

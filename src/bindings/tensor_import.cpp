@@ -1,0 +1,215 @@
+#include "bindings/tensor_import.h"
+
+#include <Python.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace attnprep::bindings {
+namespace {
+
+using nb::dlpack::dltensor;
+
+// The parts of the DLPack >= 1.2 C exchange table that we call. The layout is
+// the ABI published in dlpack.h (`DLPackExchangeAPI`); only major version 1 is
+// accepted.
+struct DLPackVersion {
+  uint32_t major, minor;
+};
+struct DLManagedTensorVersioned {
+  DLPackVersion version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersioned*);
+  uint64_t flags;
+  dltensor dl_tensor;
+};
+struct ExchangeApiHeader {
+  DLPackVersion version;
+  ExchangeApiHeader* prev_api;
+};
+struct ExchangeApi {
+  ExchangeApiHeader header;
+  int (*managed_tensor_allocator)(dltensor* prototype, DLManagedTensorVersioned** out, void* error_ctx,
+                                  void (*set_error)(void* error_ctx, const char* kind, const char* message));
+  int (*managed_tensor_from_py_object_no_sync)(void* py_object, DLManagedTensorVersioned** out);
+  int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned* tensor, void** out_py_object);
+  int (*dltensor_from_py_object_no_sync)(void* py_object, dltensor* out);
+  int (*current_work_stream)(int32_t device_type, int32_t device_id, void** out_stream);
+};
+
+constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLMetal = 8;
+
+// One cached lookup per Python type (torch.Tensor in practice; subclasses such
+// as nn.Parameter inherit the attribute and get their own entry).
+struct ApiCache {
+  PyTypeObject* type = nullptr;
+  const ExchangeApi* api = nullptr;
+};
+thread_local ApiCache cache;
+const char* g_path = nullptr;
+
+const ExchangeApi* exchange_api(PyTypeObject* type) {
+  if (cache.type == type) return cache.api;
+  const ExchangeApi* api = nullptr;
+  if (std::getenv("ATTNPREP_DISABLE_EXCHANGE_API") == nullptr) {
+    PyObject* capsule = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__");
+    if (capsule == nullptr) {
+      PyErr_Clear();
+    } else {
+      auto* p = static_cast<const ExchangeApi*>(PyCapsule_GetPointer(capsule, "dlpack_exchange_api"));
+      if (p == nullptr) PyErr_Clear();
+      // The table must not outlive the capsule: torch keeps it in a static.
+      Py_DECREF(capsule);
+      if (p != nullptr && p->header.version.major == 1 && p->header.version.minor >= 2 &&
+          p->dltensor_from_py_object_no_sync != nullptr)
+        api = p;
+    }
+  }
+  cache.type = type;
+  cache.api = api;
+  if (g_path == nullptr) g_path = api ? "exchange-api" : "dlpack-fallback";
+  return api;
+}
+
+core::DType to_dtype(uint8_t code, uint8_t bits) {
+  using core::DType;
+  enum : uint8_t { Int = 0, UInt = 1, Float = 2, BFloat = 4, Complex = 5, Bool = 6, F8E4M3FN = 10, F8E5M2 = 12 };
+  switch (code) {
+    case Float:
+      return bits == 16 ? DType::Float16 : bits == 32 ? DType::Float32 : bits == 64 ? DType::Float64 : DType::Other;
+    case BFloat: return bits == 16 ? DType::BFloat16 : DType::Other;
+    case Int:
+      return bits == 8 ? DType::Int8 : bits == 16 ? DType::Int16 : bits == 32 ? DType::Int32
+           : bits == 64 ? DType::Int64 : DType::Other;
+    case UInt: return bits == 8 ? DType::UInt8 : DType::Other;
+    case Bool: return DType::Bool;
+    case Complex: return bits == 64 ? DType::Complex64 : bits == 128 ? DType::Complex128 : DType::Other;
+    case F8E4M3FN: return DType::Float8E4M3FN;
+    case F8E5M2: return DType::Float8E5M2;
+    default: return DType::Other;
+  }
+}
+
+core::TensorArg to_arg(const dltensor& t, const char* what) {
+  core::TensorArg a;
+  if (t.ndim > core::kMaxDims)
+    throw nb::type_error((std::string(what) + " has more dimensions than attnprep supports").c_str());
+  if (t.dtype.lanes != 1 || t.dtype.bits % 8 != 0)
+    throw nb::type_error((std::string(what) + " has a dtype attnprep cannot address").c_str());
+  a.data = static_cast<unsigned char*>(t.data) + t.byte_offset;
+  a.dtype = to_dtype(t.dtype.code, t.dtype.bits);
+  a.itemsize = t.dtype.bits / 8;
+  const int32_t dev = t.device.device_type;
+  a.device.type = dev == kDLCUDA ? core::DeviceType::CUDA
+                : dev == kDLMetal ? core::DeviceType::MPS
+                : dev == kDLCPU ? core::DeviceType::CPU : core::DeviceType::Other;
+  a.device.index = t.device.device_id;
+  a.ndim = t.ndim;
+  int64_t expected = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    a.shape[d] = t.shape[d];
+    a.strides[d] = t.strides ? t.strides[d] : expected;  // NULL strides mean row-major
+    expected *= t.shape[d];
+  }
+  return a;
+}
+
+[[noreturn]] void not_a_tensor(nb::handle obj, const char* what) {
+  std::string msg = std::string(what) + " must be a torch.Tensor, got " +
+                    nb::cast<std::string>(obj.type().attr("__name__"));
+  throw nb::type_error(msg.c_str());
+}
+
+nb::module_& torch_module() {
+  static nb::module_* torch = new nb::module_(nb::module_::import_("torch"));  // leaked: outlives atexit
+  return *torch;
+}
+
+}  // namespace
+
+ImportedTensor import_tensor(nb::handle obj, const char* what) {
+  ImportedTensor out;
+  if (const ExchangeApi* api = exchange_api(Py_TYPE(obj.ptr()))) {
+    dltensor t;
+    if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) throw nb::python_error();
+    out.arg = to_arg(t, what);
+    out.dl_dtype = t.dtype;
+    out.dl_device = t.device;
+    return out;
+  }
+  if (!nb::hasattr(obj, "__dlpack__")) not_a_tensor(obj, what);
+  if (!nb::try_cast(obj, out.keepalive, false)) not_a_tensor(obj, what);
+  dltensor t;
+  t.data = out.keepalive.data_handle();
+  t.byte_offset = out.keepalive.byte_offset();
+  t.device.device_type = out.keepalive.device_type();
+  t.device.device_id = out.keepalive.device_id();
+  t.ndim = static_cast<int32_t>(out.keepalive.ndim());
+  t.dtype = out.keepalive.dtype();
+  t.shape = const_cast<int64_t*>(out.keepalive.shape_ptr());
+  t.strides = const_cast<int64_t*>(out.keepalive.stride_ptr());
+  out.arg = to_arg(t, what);
+  out.dl_dtype = t.dtype;
+  out.dl_device = t.device;
+  return out;
+}
+
+void* current_stream(const core::Device& device) {
+  const int32_t type = device.type == core::DeviceType::CUDA ? kDLCUDA : kDLMetal;
+  if (cache.api != nullptr) {
+    void* stream = nullptr;
+    if (cache.api->current_work_stream(type, device.index, &stream) != 0) throw nb::python_error();
+    return stream;
+  }
+  if (device.type != core::DeviceType::CUDA) return nullptr;
+  nb::object s = torch_module().attr("cuda").attr("current_stream")(device.index);
+  return reinterpret_cast<void*>(nb::cast<uintptr_t>(s.attr("cuda_stream")));
+}
+
+namespace {
+void set_error(void* ctx, const char* kind, const char* message) {
+  *static_cast<std::string*>(ctx) = std::string(kind) + ": " + message;
+}
+}  // namespace
+
+NewTensor new_tensor_like(nb::handle like_obj, const ImportedTensor& like, const int64_t* shape, int ndim) {
+  NewTensor out;
+  if (const ExchangeApi* api = exchange_api(Py_TYPE(like_obj.ptr()))) {
+    dltensor proto;
+    proto.data = nullptr;
+    proto.device = like.dl_device;
+    proto.ndim = ndim;
+    proto.dtype = like.dl_dtype;
+    proto.shape = const_cast<int64_t*>(shape);
+    proto.strides = nullptr;
+    proto.byte_offset = 0;
+    DLManagedTensorVersioned* managed = nullptr;
+    std::string error;
+    if (api->managed_tensor_allocator(&proto, &managed, &error, set_error) != 0 || managed == nullptr)
+      throw std::runtime_error("attnprep: torch could not allocate the output: " + error);
+    // Read the description first: the conversion takes ownership of `managed`.
+    out.arg = to_arg(managed->dl_tensor, "output");
+    void* py = nullptr;
+    if (api->managed_tensor_to_py_object_no_sync(managed, &py) != 0) throw nb::python_error();
+    out.tensor = nb::steal(static_cast<PyObject*>(py));
+    return out;
+  }
+  nb::list dims;
+  for (int d = 0; d < ndim; ++d) dims.append(shape[d]);
+  out.tensor = torch_module().attr("empty")(dims, nb::arg("dtype") = like_obj.attr("dtype"),
+                                            nb::arg("device") = like_obj.attr("device"));
+  ImportedTensor t = import_tensor(out.tensor, "output");
+  out.arg = t.arg;
+  return out;
+}
+
+const char* dlpack_path() {
+  if (g_path == nullptr) {
+    nb::object tensor_type = torch_module().attr("Tensor");
+    exchange_api(reinterpret_cast<PyTypeObject*>(tensor_type.ptr()));
+  }
+  return g_path;
+}
+
+}  // namespace attnprep::bindings

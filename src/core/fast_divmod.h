@@ -1,0 +1,41 @@
+// Division by a run-time constant with a multiply and a shift (Granlund and
+// Montgomery, "Division by invariant integers using multiplication", 1994).
+// The copy kernels split a flat index into up to five coordinates per element;
+// hardware integer division would cost more than the memory access itself.
+// Valid for dividend and divisor below 2^31, which the plans guarantee.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define ATTNPREP_HD __host__ __device__ __forceinline__
+#else
+#define ATTNPREP_HD inline
+#endif
+
+namespace attnprep::core {
+
+struct FastDivmod {
+  uint32_t divisor = 1;
+  uint32_t multiplier = 1;
+  uint32_t shift = 0;
+
+  FastDivmod() = default;
+  explicit FastDivmod(uint32_t d) : divisor(d) {
+    shift = 0;
+    while ((uint64_t{1} << shift) < d) ++shift;
+    multiplier = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+
+  // quotient of n / divisor for n < 2^31; the remainder is n - q * divisor.
+  ATTNPREP_HD uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    uint32_t hi = __umulhi(n, multiplier);
+#else
+    uint32_t hi = static_cast<uint32_t>((uint64_t{n} * multiplier) >> 32);
+#endif
+    return (hi + n) >> shift;
+  }
+};
+
+}  // namespace attnprep::core

@@ -1,0 +1,71 @@
+#include "core/pack_qkv.h"
+
+#include "core/errors.h"
+
+namespace attnprep::core {
+
+PackQkvShape check_pack_qkv_inputs(const TensorArg& q, const TensorArg& k, const TensorArg& v,
+                                   int64_t world_size) {
+  require(q.ndim == 3 && q.same_shape(k) && q.same_shape(v),
+          "q, k, and v must have the same 3D shape");
+  require(q.device.type == DeviceType::CUDA && k.device.type == DeviceType::CUDA &&
+              v.device.type == DeviceType::CUDA,
+          "q, k, and v must be CUDA tensors");
+  require(q.device == k.device && q.device == v.device && q.dtype == k.dtype && q.dtype == v.dtype &&
+              q.itemsize == k.itemsize && q.itemsize == v.itemsize,
+          "q, k, and v must have the same device and dtype");
+  require(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,
+          "q, k, and v must be contiguous in head_size");
+  require(world_size >= 1 && q.size(1) % world_size == 0,
+          "world_size must be positive and divide global_heads");
+
+  PackQkvShape s{};
+  s.world_size = world_size;
+  s.rows = q.size(0);
+  s.global_heads = q.size(1);
+  s.local_heads = s.global_heads / world_size;
+  s.head_size = q.size(2);
+  s.out_shape[0] = world_size;
+  s.out_shape[1] = s.rows;
+  s.out_shape[2] = s.local_heads;
+  s.out_shape[3] = 3 * s.head_size;
+  return s;
+}
+
+void check_pack_qkv_out(const PackQkvShape& s, const TensorArg& q, const TensorArg& out) {
+  require(out.has_shape({s.out_shape[0], s.out_shape[1], s.out_shape[2], s.out_shape[3]}) &&
+              out.is_contiguous() && out.device == q.device && out.dtype == q.dtype &&
+              out.itemsize == q.itemsize,
+          "out must be a contiguous tensor with the expected shape, device, and dtype");
+}
+
+StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const TensorArg& k,
+                              const TensorArg& v, const TensorArg& out) {
+  const int64_t es = q.itemsize;
+  const int64_t out_row = 3 * s.head_size * es;  // bytes of one (d, r, h) output row
+  CopyJob jobs[3];
+  const TensorArg* src[3] = {&q, &k, &v};
+  for (int j = 0; j < 3; ++j) {
+    const TensorArg& t = *src[j];
+    CopyJob& job = jobs[j];
+    job.src = t.data;
+    job.dst = static_cast<unsigned char*>(out.data) + j * s.head_size * es;
+    // output coordinates (d, r, h) -> source row r, head d * local_heads + h
+    const int64_t dims[kCopyDims] = {1, s.world_size, s.rows, s.local_heads};
+    const int64_t src_stride[kCopyDims] = {0, s.local_heads * t.stride(1) * es, t.stride(0) * es,
+                                           t.stride(1) * es};
+    const int64_t dst_stride[kCopyDims] = {0, s.rows * s.local_heads * out_row,
+                                           s.local_heads * out_row, out_row};
+    for (int d = 0; d < kCopyDims; ++d) {
+      job.dims[d] = dims[d];
+      job.src_stride[d] = src_stride[d];
+      job.dst_stride[d] = dst_stride[d];
+    }
+    job.row_bytes = s.head_size * es;
+    job.src_elem_stride = es;  // unit stride in head_size is checked
+    job.itemsize = static_cast<int32_t>(es);
+  }
+  return plan_strided_copy(jobs, 3);
+}
+
+}  // namespace attnprep::core

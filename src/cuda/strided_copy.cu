@@ -1,0 +1,61 @@
+#include "cuda/strided_copy.h"
+
+#include <cstdint>
+
+namespace attnprep::cuda {
+namespace {
+
+using core::CopyJobPlan;
+using core::StridedCopyPlan;
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;  // vectors per thread, all loads issued before the stores
+
+template <typename V, bool Index32>
+__global__ void __launch_bounds__(kThreads) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
+  const CopyJobPlan& job = plan.jobs[blockIdx.y];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnroll) + threadIdx.x;
+  V value[kUnroll];
+  int64_t dst[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t idx = base + u * kThreads;
+    dst[u] = -1;
+    if (idx < job.total) {
+      int64_t src;
+      core::copy_offsets<Index32>(job, idx, sizeof(V), src, dst[u]);
+      value[u] = __ldg(reinterpret_cast<const V*>(job.src + src));
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (dst[u] >= 0) *reinterpret_cast<V*>(job.dst + dst[u]) = value[u];
+}
+
+template <typename V>
+cudaError_t launch(const StridedCopyPlan& plan, cudaStream_t stream) {
+  const int64_t per_block = kThreads * kUnroll;
+  const dim3 grid(static_cast<unsigned>((plan.max_total + per_block - 1) / per_block),
+                  static_cast<unsigned>(plan.njobs));
+  if (plan.index_bits == 32)
+    strided_copy_kernel<V, true><<<grid, kThreads, 0, stream>>>(plan);
+  else
+    strided_copy_kernel<V, false><<<grid, kThreads, 0, stream>>>(plan);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t strided_copy(const StridedCopyPlan& plan, cudaStream_t stream) {
+  if (plan.max_total == 0 || plan.njobs == 0) return cudaSuccess;
+  // grid.x is limited to 2^31 - 1 blocks: 2^41 vectors, far past any tensor.
+  switch (plan.vec_bytes) {
+    case 16: return launch<uint4>(plan, stream);
+    case 8: return launch<uint2>(plan, stream);
+    case 4: return launch<uint32_t>(plan, stream);
+    case 2: return launch<uint16_t>(plan, stream);
+    default: return launch<uint8_t>(plan, stream);
+  }
+}
+
+}  // namespace attnprep::cuda

@@ -1,0 +1,173 @@
+// pack_qkv_destination_major: the six documented checks in order, with every
+// case CI cannot build from real tensors (two CUDA devices, mixed dtypes on
+// CUDA), and the copy plan executed on the host against the CPU reference.
+#include <cstring>
+
+#include "check.h"
+#include "core/errors.h"
+#include "core/pack_qkv.h"
+#include "cpu/layout_reference.h"
+#include "plan_executor.h"
+#include "tensor_builder.h"
+
+using namespace attnprep::core;
+using test::make;
+
+namespace {
+const Device cuda0{DeviceType::CUDA, 0}, cuda1{DeviceType::CUDA, 1}, cpu{DeviceType::CPU, 0};
+const char* kShape = "q, k, and v must have the same 3D shape";
+const char* kCuda = "q, k, and v must be CUDA tensors";
+const char* kSame = "q, k, and v must have the same device and dtype";
+const char* kUnit = "q, k, and v must be contiguous in head_size";
+const char* kWorld = "world_size must be positive and divide global_heads";
+const char* kOut = "out must be a contiguous tensor with the expected shape, device, and dtype";
+
+void inputs(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t w) {
+  check_pack_qkv_inputs(q, k, v, w);
+}
+void with_out(const TensorArg& q, const TensorArg& out, int64_t w) {
+  check_pack_qkv_out(check_pack_qkv_inputs(q, q, q, w), q, out);
+}
+}  // namespace
+
+TEST_CASE("check 1: same 3D shape") {
+  auto q = make({4, 8, 64});
+  CHECK_THROWS_MSG(ValueError, inputs(make({4, 8}), make({4, 8}), make({4, 8}), 2), kShape);
+  CHECK_THROWS_MSG(ValueError, inputs(make({1, 4, 8, 64}), make({1, 4, 8, 64}), make({1, 4, 8, 64}), 2), kShape);
+  CHECK_THROWS_MSG(ValueError, inputs(q, make({4, 8, 32}), q, 2), kShape);
+  CHECK_THROWS_MSG(ValueError, inputs(q, q, make({5, 8, 64}), 2), kShape);
+  // shape wins over every later check
+  CHECK_THROWS_MSG(ValueError, inputs(make({4, 8}, DType::Float32, cpu), q, q, 0), kShape);
+}
+
+TEST_CASE("check 2: CUDA tensors") {
+  auto q = make({4, 8, 64});
+  auto c = make({4, 8, 64}, DType::BFloat16, cpu);
+  auto mps = make({4, 8, 64}, DType::BFloat16, {DeviceType::MPS, 0});
+  CHECK_THROWS_MSG(ValueError, inputs(c, q, q, 2), kCuda);
+  CHECK_THROWS_MSG(ValueError, inputs(q, c, q, 2), kCuda);
+  CHECK_THROWS_MSG(ValueError, inputs(q, q, mps, 2), kCuda);
+  CHECK_THROWS_MSG(ValueError, inputs(c, c, make({4, 8, 64}, DType::Float16, cpu), 0), kCuda);
+}
+
+TEST_CASE("check 3: same device and dtype (two GPUs, mixed dtypes)") {
+  auto q = make({4, 8, 64});
+  CHECK_THROWS_MSG(ValueError, inputs(q, make({4, 8, 64}, DType::BFloat16, cuda1), q, 2), kSame);
+  CHECK_THROWS_MSG(ValueError, inputs(q, q, make({4, 8, 64}, DType::Float16, cuda0), 2), kSame);
+  CHECK_THROWS_MSG(ValueError, inputs(make({4, 8, 64}, DType::Float8E4M3FN), make({4, 8, 64}, DType::Float8E5M2),
+                                      make({4, 8, 64}, DType::Float8E4M3FN), 0),
+                   kSame);
+}
+
+TEST_CASE("check 4: unit stride in head_size") {
+  auto q = make({4, 8, 64});
+  auto strided = make({4, 8, 64}, DType::BFloat16, cuda0, {1024, 128, 2});
+  CHECK_THROWS_MSG(ValueError, inputs(q, strided, q, 2), kUnit);
+  CHECK_THROWS_MSG(ValueError, inputs(q, q, strided, 3), kUnit);  // before world_size
+  // row and head strides are free
+  inputs(make({4, 8, 64}, DType::BFloat16, cuda0, {3 * 8 * 64, 64, 1}), q, q, 2);
+}
+
+TEST_CASE("check 5: world_size") {
+  auto q = make({4, 8, 64});
+  CHECK_THROWS_MSG(ValueError, inputs(q, q, q, 0), kWorld);
+  CHECK_THROWS_MSG(ValueError, inputs(q, q, q, -2), kWorld);
+  CHECK_THROWS_MSG(ValueError, inputs(q, q, q, 3), kWorld);
+  CHECK_THROWS_MSG(ValueError, inputs(q, q, q, 16), kWorld);
+  for (int w : {1, 2, 4, 8}) inputs(q, q, q, w);
+}
+
+TEST_CASE("check 6: out") {
+  auto q = make({4, 8, 64});
+  with_out(q, make({2, 4, 4, 192}), 2);
+  CHECK_THROWS_MSG(ValueError, with_out(q, make({2, 4, 4, 191}), 2), kOut);
+  CHECK_THROWS_MSG(ValueError, with_out(q, make({4, 4, 192}), 2), kOut);
+  CHECK_THROWS_MSG(ValueError, with_out(q, make({2, 4, 4, 192}, DType::Float16), 2), kOut);
+  CHECK_THROWS_MSG(ValueError, with_out(q, make({2, 4, 4, 192}, DType::BFloat16, cuda1), 2), kOut);
+  CHECK_THROWS_MSG(ValueError, with_out(q, make({2, 4, 4, 192}, DType::BFloat16, cpu), 2), kOut);
+  CHECK_THROWS_MSG(ValueError, with_out(q, make({2, 4, 4, 192}, DType::BFloat16, cuda0, {1, 2, 8, 32}), 2), kOut);
+}
+
+namespace {
+// Packs through the plan (host execution) and through the reference; the
+// bytes must match everywhere, including every output byte being written.
+void pack_matches(int64_t rows, int64_t heads, int64_t dim, int64_t world, DType dtype, bool fused,
+                  int64_t misalign_elems, uint32_t seed) {
+  const int es = test::itemsize_of(dtype);
+  TensorArg q, k, v;
+  test::HostBuffer bq, bk, bv;
+  if (fused) {  // slices of one [rows, 3 * heads * dim] projection
+    TensorArg all = make({rows, 3 * heads * dim}, dtype);
+    bq.attach(all, seed, misalign_elems * es);
+    q = make({rows, heads, dim}, dtype, cuda0, {3 * heads * dim, dim, 1});
+    k = q;
+    v = q;
+    q.data = all.data;
+    k.data = static_cast<unsigned char*>(all.data) + heads * dim * es;
+    v.data = static_cast<unsigned char*>(all.data) + 2 * heads * dim * es;
+  } else {
+    q = make({rows, heads, dim}, dtype);
+    k = make({rows, heads, dim}, dtype, cuda0, {heads * dim * 2, dim, 1});  // every other row
+    v = make({rows, heads, dim}, dtype);
+    bq.attach(q, seed, misalign_elems * es);
+    bk.attach(k, seed + 1);
+    bv.attach(v, seed + 2);
+  }
+  auto shape = check_pack_qkv_inputs(q, k, v, world);
+  TensorArg got = make({world, rows, heads / world, 3 * dim}, dtype);
+  TensorArg want = got;
+  test::HostBuffer bg, bw;
+  bg.attach(got, 7);   // poisoned: random bytes
+  bw.attach(want, 8);
+  auto plan = plan_pack_qkv(shape, q, k, v, got);
+  test::execute_on_host(plan);
+  attnprep::cpu::pack_qkv_reference(q, k, v, world, want);
+  const size_t n = static_cast<size_t>(got.numel() * es);
+  if (std::memcmp(got.data, want.data, n) != 0)
+    test::fail(__FILE__, __LINE__, "pack mismatch rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) +
+                                       " dim=" + std::to_string(dim) + " world=" + std::to_string(world) +
+                                       " vec=" + std::to_string(plan.vec_bytes));
+}
+}  // namespace
+
+TEST_CASE("plan + reference: bit-exact over shapes, dtypes, strides, alignments") {
+  uint32_t seed = 1;
+  for (DType dt : {DType::BFloat16, DType::Float32, DType::Float8E4M3FN, DType::Float64})
+    for (int64_t rows : {1, 17, 65})
+      for (int64_t dim : {64, 80, 3})
+        for (int64_t world : {1, 2, 4})
+          for (bool fused : {false, true})
+            for (int64_t mis : {0, 1}) pack_matches(rows, 8, dim, world, dt, fused, mis, seed++);
+  pack_matches(5, 24, 128, 3, DType::Float16, true, 0, seed++);
+  pack_matches(0, 8, 64, 2, DType::Float16, false, 0, seed++);  // empty
+}
+
+TEST_CASE("plan picks 16-byte vectors when everything is aligned, narrower otherwise") {
+  auto q = make({4, 8, 128});
+  auto out = make({2, 4, 4, 384});
+  auto s = check_pack_qkv_inputs(q, q, q, 2);
+  CHECK_EQ(plan_pack_qkv(s, q, q, q, out).vec_bytes, 16);
+  auto odd = q;
+  odd.data = static_cast<unsigned char*>(q.data) + 2;  // one bf16 element off
+  CHECK_EQ(plan_pack_qkv(s, odd, q, q, out).vec_bytes, 2);
+  auto q80 = make({4, 8, 36});  // 72-byte rows
+  auto out80 = make({2, 4, 4, 108});
+  auto s80 = check_pack_qkv_inputs(q80, q80, q80, 2);
+  CHECK_EQ(plan_pack_qkv(s80, q80, q80, q80, out80).vec_bytes, 8);
+  CHECK_EQ(plan_pack_qkv(s, q, q, q, out).index_bits, 32);
+}
+
+TEST_CASE("plan switches to 64-bit indexing past 2^31 vectors") {
+  auto q = make({1 << 22, 64, 128}, DType::Float32);  // 2^35 elements, never touched
+  auto out = make({1, 1 << 22, 64, 384}, DType::Float32);
+  auto s = check_pack_qkv_inputs(q, q, q, 1);
+  auto plan = plan_pack_qkv(s, q, q, q, out);
+  CHECK_EQ(plan.index_bits, 64);
+  // the last vector of the last job lands on the last 16 bytes of out
+  int64_t src, dst;
+  const auto& job = plan.jobs[2];
+  copy_offsets<false>(job, job.total - 1, plan.vec_bytes, src, dst);
+  CHECK_EQ(static_cast<int64_t>(job.dst - static_cast<unsigned char*>(out.data)) + dst + 16, out.numel() * 4);
+}
+
+TEST_MAIN()

@@ -1,0 +1,295 @@
+"""pack_qkv_destination_major against a plain-torch reference (SPEC.md section 1)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attnprep
+from attnprep import pack_qkv_destination_major as pack
+from conftest import poison_like, requires_cuda, requires_two_gpus, same_bits
+
+
+def reference(q, k, v, world_size):
+    rows, heads, dim = q.shape
+    local = heads // world_size
+    parts = [t.reshape(rows, world_size, local, 1, dim) for t in (q, k, v)]
+    return torch.cat(parts, dim=3).permute(1, 0, 2, 3, 4).reshape(world_size, rows, local, 3 * dim).contiguous()
+
+
+def random_tensor(shape, dtype, device):
+    x = torch.randn(shape, device=device, dtype=torch.float32)
+    return x.to(dtype)
+
+
+def make_inputs(rows, heads, dim, dtype, layout, device="cuda"):
+    """q, k, v as separate contiguous tensors or as slices of one fused projection."""
+    if layout == "fused":
+        qkv = random_tensor((rows, 3 * heads * dim), dtype, device)
+        return tuple(t.view(rows, heads, dim) for t in qkv.split(heads * dim, dim=1))
+    if layout == "strided":  # every other row of a larger buffer, different strides per tensor
+        return tuple(random_tensor((2 * rows, heads, dim), dtype, device)[::2] for _ in range(3))
+    return tuple(random_tensor((rows, heads, dim), dtype, device) for _ in range(3))
+
+
+# ---------------------------------------------------------------- messages
+
+MSG_SHAPE = "q, k, and v must have the same 3D shape"
+MSG_CUDA = "q, k, and v must be CUDA tensors"
+MSG_SAME = "q, k, and v must have the same device and dtype"
+MSG_UNIT = "q, k, and v must be contiguous in head_size"
+MSG_WORLD = "world_size must be positive and divide global_heads"
+MSG_OUT = "out must be a contiguous tensor with the expected shape, device, and dtype"
+
+
+def raises(msg, *args, **kwargs):
+    with pytest.raises(ValueError) as e:
+        pack(*args, **kwargs)
+    assert str(e.value) == msg
+
+
+def test_messages_reachable_on_cpu():
+    q = torch.randn(4, 8, 16)
+    raises(MSG_SHAPE, q[0], q[0], q[0], 2)
+    raises(MSG_SHAPE, q, q[:, :4], q, 2)
+    raises(MSG_SHAPE, q, q, q[:3], 2)
+    raises(MSG_SHAPE, q.unsqueeze(0), q.unsqueeze(0), q.unsqueeze(0), 2)
+    raises(MSG_CUDA, q, q, q, 2)
+    raises(MSG_CUDA, q, q, q, 0)  # device is checked before world_size
+
+
+def test_messages_through_the_fallback_import_path():
+    """The same checks when torch's DLPack exchange table is not used."""
+    code = (
+        "import torch, attnprep\n"
+        "assert attnprep.build_info()['dlpack_path'] == 'dlpack-fallback'\n"
+        "q = torch.randn(4, 8, 16)\n"
+        "for args, msg in [((q[0], q[0], q[0], 2), %r), ((q, q, q, 2), %r)]:\n"
+        "    try:\n"
+        "        attnprep.pack_qkv_destination_major(*args)\n"
+        "    except ValueError as e:\n"
+        "        assert str(e) == msg, str(e)\n"
+        "    else:\n"
+        "        raise SystemExit('no error')\n"
+    ) % (MSG_SHAPE, MSG_CUDA)
+    env = dict(os.environ, ATTNPREP_DISABLE_EXCHANGE_API="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_non_tensor_argument_is_a_type_error():
+    q = torch.randn(4, 8, 16)
+    with pytest.raises(TypeError):
+        pack([1, 2], q, q, 2)
+
+
+@requires_cuda
+def test_messages_on_cuda():
+    q, k, v = make_inputs(4, 8, 16, torch.bfloat16, "contiguous")
+    raises(MSG_SHAPE, q, k[:, :4], v, 2)
+    raises(MSG_CUDA, q, k.cpu(), v, 2)
+    raises(MSG_SAME, q, k.half(), v, 2)
+    raises(MSG_SAME, q, k, v.float(), 0)  # dtype before world_size
+    strided = torch.randn(4, 8, 32, device="cuda", dtype=torch.bfloat16)[:, :, ::2]
+    raises(MSG_UNIT, q, k, strided, 2)
+    raises(MSG_UNIT, strided, k, v, 3)  # unit stride before world_size
+    for w in (0, -1, 3, 16):
+        raises(MSG_WORLD, q, k, v, w)
+    good = torch.empty(2, 4, 4, 48, device="cuda", dtype=torch.bfloat16)
+    assert pack(q, k, v, 2, out=good) is good
+    raises(MSG_OUT, q, k, v, 2, out=torch.empty(2, 4, 4, 47, device="cuda", dtype=torch.bfloat16))
+    raises(MSG_OUT, q, k, v, 2, out=good.half())
+    raises(MSG_OUT, q, k, v, 2, out=good.cpu())
+    raises(MSG_OUT, q, k, v, 2, out=torch.empty(2, 4, 4, 96, device="cuda", dtype=torch.bfloat16)[..., ::2])
+    raises(MSG_OUT, q, k, v, 2, out=good.view(4, 2, 4, 48).transpose(0, 1))
+    raises(MSG_OUT, q, k, v, 1, out=good)
+
+
+# ---------------------------------------------------------------- correctness
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@requires_cuda
+@pytest.mark.parametrize("layout", ["contiguous", "fused", "strided"])
+@pytest.mark.parametrize("rows", [1, 17, 65, 4096])
+@pytest.mark.parametrize("head_size", [64, 80, 128, 256])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matches_reference(dtype, world_size, head_size, rows, layout):
+    q, k, v = make_inputs(rows, 24, head_size, dtype, layout)
+    want = reference(q, k, v, world_size)
+    got = pack(q, k, v, world_size)
+    assert got.is_contiguous() and got.device == q.device
+    assert same_bits(got, want)
+    out = poison_like(want.shape, dtype, "cuda")
+    assert pack(q, k, v, world_size, out=out) is out
+    assert same_bits(out, want)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int8, torch.int32, torch.int64, torch.bool], ids=str)
+def test_any_element_size_is_copied(dtype):
+    x = torch.randint(0, 100, (17, 12, 10), device="cuda").to(dtype)
+    q, k, v = x, x.flip(0), x.roll(3, 1)
+    assert same_bits(pack(q, k, v, 4), reference(q, k, v, 4))
+
+
+@requires_cuda
+@pytest.mark.parametrize("offset", [1, 3, 5])
+def test_misaligned_views(offset):
+    base = torch.randn(65 * 3 * 8 * 40 + offset, device="cuda", dtype=torch.bfloat16)
+    qkv = base[offset:].view(65, 3 * 8 * 40)
+    q, k, v = (t.view(65, 8, 40) for t in qkv.split(8 * 40, dim=1))
+    assert same_bits(pack(q, k, v, 2), reference(q, k, v, 2))
+    out_base = poison_like((2 * 65 * 4 * 120 + offset,), torch.bfloat16, "cuda")
+    out = out_base[offset:].view(2, 65, 4, 120)
+    pack(q, k, v, 2, out=out)
+    assert same_bits(out, reference(q, k, v, 2))
+
+
+@requires_cuda
+def test_zero_strides_and_broadcast_views():
+    q = torch.randn(1, 8, 64, device="cuda").expand(33, 8, 64)
+    k = torch.randn(33, 1, 64, device="cuda").expand(33, 8, 64)
+    v = torch.randn(33, 8, 64, device="cuda")
+    assert same_bits(pack(q, k, v, 4), reference(q, k, v, 4))
+
+
+@requires_cuda
+@pytest.mark.parametrize("shape", [(0, 8, 64), (4, 0, 64), (4, 8, 0)])
+def test_empty_inputs(shape):
+    q = torch.empty(shape, device="cuda", dtype=torch.float16)
+    got = pack(q, q, q, 2 if shape[1] else 1)
+    assert got.shape == reference(q, q, q, 2 if shape[1] else 1).shape
+
+
+@requires_cuda
+def test_does_not_write_outside_out():
+    q, k, v = make_inputs(17, 8, 80, torch.float16, "fused")
+    guard = poison_like((2 * 17 * 4 * 240 + 512,), torch.float16, "cuda")
+    before = guard.clone()
+    out = guard[256 : 256 + 2 * 17 * 4 * 240].view(2, 17, 4, 240)
+    pack(q, k, v, 2, out=out)
+    assert same_bits(out, reference(q, k, v, 2))
+    assert same_bits(guard[:256], before[:256]) and same_bits(guard[-256:], before[-256:])
+
+
+@requires_cuda
+def test_large_offsets_past_2_31_elements():
+    rows, heads, dim = (1 << 22) + 1, 8, 64  # 2^31 + 512 elements per input, fp8: 2 GiB each
+    try:
+        x = torch.empty((rows, heads, dim), device="cuda", dtype=torch.uint8)
+        out = torch.empty((2, rows, heads // 2, 3 * dim), device="cuda", dtype=torch.uint8)
+    except torch.OutOfMemoryError:
+        pytest.skip("not enough GPU memory")
+    x[-2:].random_(0, 255)
+    x[:2].random_(0, 255)
+    pack(x, x, x, 2, out=out)
+    want = reference(x[-2:], x[-2:], x[-2:], 2)
+    assert same_bits(out[:, -2:], want)
+    assert same_bits(out[:, :2], reference(x[:2], x[:2], x[:2], 2))
+    del x, out
+    torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- integration
+
+@requires_cuda
+def test_runs_on_the_current_stream():
+    q, k, v = make_inputs(4096, 24, 128, torch.bfloat16, "fused")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = pack(q, k, v, 4)
+        want = reference(q, k, v, 4)
+        ok = same_bits(got, want)
+    torch.cuda.synchronize()
+    assert ok
+
+
+@requires_cuda
+def test_cuda_graph_capture_and_replay():
+    q, k, v = make_inputs(65, 24, 128, torch.bfloat16, "fused")
+    out = torch.empty(8, 65, 3, 384, device="cuda", dtype=torch.bfloat16)
+    pack(q, k, v, 8, out=out)  # warm-up outside capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        allocated = pack(q, k, v, 8)
+        pack(q, k, v, 8, out=out)
+    for _ in range(3):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        g.replay()
+        torch.cuda.synchronize()
+        want = reference(q, k, v, 8)
+        assert same_bits(out, want) and same_bits(allocated, want)
+
+
+@requires_cuda
+def test_torch_compile_fullgraph():
+    def f(qkv, heads, out):
+        q, k, v = (t.view(t.shape[0], heads, -1) for t in qkv.split(qkv.shape[1] // 3, dim=1))
+        packed = pack(q * 2, k, v, 4)
+        pack(q, k, v, 4, out=out)
+        return packed + 1
+
+    compiled = torch.compile(f, fullgraph=True)
+    qkv = torch.randn(65, 3 * 24 * 64, device="cuda")
+    out = torch.empty(4, 65, 6, 192, device="cuda")
+    got = compiled(qkv, 24, out)
+    q, k, v = (t.view(65, 24, 64) for t in qkv.split(24 * 64, dim=1))
+    assert torch.equal(got, reference(q * 2, k, v, 4) + 1)
+    assert torch.equal(out, reference(q, k, v, 4))
+
+
+@requires_cuda
+def test_registered_op_and_fake():
+    q, k, v = make_inputs(17, 8, 64, torch.float16, "fused")
+    got = torch.ops.attnprep.pack_qkv_destination_major(q, k, v, 2)
+    assert same_bits(got, reference(q, k, v, 2))
+    torch.library.opcheck(torch.ops.attnprep.pack_qkv_destination_major.default, (q, k, v, 2))
+
+
+@requires_cuda
+def test_current_device_is_left_alone():
+    before = torch.cuda.current_device()
+    q, k, v = make_inputs(4, 8, 64, torch.float16, "contiguous")
+    pack(q, k, v, 2)
+    assert torch.cuda.current_device() == before
+
+
+@requires_two_gpus
+def test_on_a_device_other_than_the_current_one():
+    torch.cuda.set_device(0)
+    q, k, v = make_inputs(65, 8, 64, torch.bfloat16, "fused", device="cuda:1")
+    got = pack(q, k, v, 2)
+    assert got.device == q.device and torch.cuda.current_device() == 0
+    assert same_bits(got, reference(q, k, v, 2))
+    raises(MSG_SAME, q, k.to("cuda:0"), v, 2)
+
+
+@requires_cuda
+def test_fallback_import_path_on_gpu():
+    code = (
+        "import torch, attnprep\n"
+        "assert attnprep.build_info()['dlpack_path'] == 'dlpack-fallback'\n"
+        "q = torch.randn(65, 8, 64, device='cuda', dtype=torch.bfloat16)\n"
+        "s = torch.cuda.Stream()\n"
+        "with torch.cuda.stream(s):\n"
+        "    got = attnprep.pack_qkv_destination_major(q, q * 2, q * 3, 2)\n"
+        "torch.cuda.synchronize()\n"
+        "want = torch.cat([t.view(65, 2, 4, 1, 64) for t in (q, q*2, q*3)], 3).permute(1, 0, 2, 3, 4).reshape(2, 65, 4, 192)\n"
+        "assert torch.equal(got, want)\n"
+    )
+    env = dict(os.environ, ATTNPREP_DISABLE_EXCHANGE_API="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_build_info():
+    info = attnprep.build_info()
+    assert info["version"] == attnprep.__version__
+    assert info["dlpack_path"] in ("exchange-api", "dlpack-fallback")
+    if hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        assert info["dlpack_path"] == "exchange-api"
