@@ -4,11 +4,13 @@ between a transformer's QKV projection and its attention.
 Public ops (see README.md and SPEC.md for the contract):
 
 - :func:`pack_qkv_destination_major`: Ulysses input side, one all-to-all.
+- :func:`usp_merge_heads`: Ulysses output side.
 """
 
 __version__ = "0.1.0"
 
 from ._info import build_info
 from .pack_qkv import pack_qkv_destination_major
+from .usp_merge_heads import usp_merge_heads
 
-__all__ = ["__version__", "build_info", "pack_qkv_destination_major"]
+__all__ = ["__version__", "build_info", "pack_qkv_destination_major", "usp_merge_heads"]

@@ -6,10 +6,12 @@ namespace nb = nanobind;
 namespace attnprep::bindings {
 void init_pack_qkv(nb::module_& m);
 void init_build_info(nb::module_& m);
+void init_usp_merge_heads(nb::module_& m);
 }  // namespace attnprep::bindings
 
 NB_MODULE(_C, m) {
   m.doc() = "attnprep kernels (CUDA / Metal) behind DLPack; see attnprep for the public API";
   attnprep::bindings::init_build_info(m);
   attnprep::bindings::init_pack_qkv(m);
+  attnprep::bindings::init_usp_merge_heads(m);
 }

@@ -8,6 +8,7 @@
 
 #include "check.h"
 #include "core/pack_qkv.h"
+#include "core/usp_merge_heads.h"
 #include "cpu/layout_reference.h"
 #include "cuda/strided_copy.h"
 #include "tensor_builder.h"
@@ -64,7 +65,40 @@ void gpu_pack_matches(int64_t rows, int64_t heads, int64_t dim, int64_t world, D
                                        " world=" + std::to_string(world) + " es=" + std::to_string(es));
 }
 
+void gpu_merge_matches(std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides, DType dt,
+                       uint32_t seed) {
+  TensorArg x = make(shape, dt, cuda0, strides);
+  test::HostBuffer host;
+  host.attach(x, seed);
+  DeviceBuffer dx(host.bytes.size());
+  cudaMemcpy(dx.ptr, host.bytes.data(), host.bytes.size(), cudaMemcpyHostToDevice);
+  int64_t os[5];
+  check_usp_merge_heads(x, os);
+  TensorArg out = make({os[0], os[1], os[2], os[3], os[4]}, dt);
+  const size_t n = static_cast<size_t>(out.numel() * out.itemsize);
+  DeviceBuffer dout(n);
+  cudaMemset(dout.ptr, 0x5A, n + 16);
+  TensorArg dxa = x;
+  dxa.data = dx.ptr;
+  out.data = dout.ptr;
+  CHECK_EQ(attnprep::cuda::strided_copy(plan_usp_merge_heads(dxa, out), nullptr), cudaSuccess);
+  std::vector<unsigned char> got(n + 16), want(n + 16, 0x5A);
+  CHECK_EQ(cudaMemcpy(got.data(), dout.ptr, n + 16, cudaMemcpyDeviceToHost), cudaSuccess);
+  TensorArg hout = out;
+  hout.data = want.data();
+  attnprep::cpu::usp_merge_heads_reference(x, hout);
+  if (got != want) test::fail(__FILE__, __LINE__, "gpu merge mismatch for " + shape_str(x));
+}
+
 }  // namespace
+
+TEST_CASE("GPU usp_merge_heads: bit-exact against the reference") {
+  gpu_merge_matches({8, 65, 1, 3, 128}, {}, DType::BFloat16, 1);
+  gpu_merge_matches({3, 17, 2, 5, 80}, {}, DType::Float16, 2);
+  gpu_merge_matches({4, 7, 3, 2, 16}, {2 * 16, 3 * 4 * 2 * 16, 4 * 2 * 16, 16, 1}, DType::Float32, 3);
+  gpu_merge_matches({2, 5, 2, 3, 9}, {5 * 2 * 3 * 18, 2 * 3 * 18, 3 * 18, 18, 2}, DType::BFloat16, 4);
+  CHECK_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
 
 TEST_CASE("GPU pack: bit-exact against the reference") {
   uint32_t seed = 11;

@@ -1,0 +1,118 @@
+"""`python -m attnprep`: build info, a self-check of every op on the device
+found, and a short benchmark.
+
+    python -m attnprep            # all of it
+    python -m attnprep --no-bench # build info and self-check only
+
+Exits non-zero when a self-check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import attnprep
+from attnprep import _bench
+
+
+def _check(name, fn):
+    try:
+        detail = fn()
+    except Exception as e:  # report every op, then fail
+        print(f"  FAIL  {name}: {type(e).__name__}: {e}")
+        return False
+    print(f"  ok    {name}{': ' + detail if detail else ''}")
+    return True
+
+
+def _pack_reference(q, k, v, w):
+    rows, heads, dim = q.shape
+    parts = [t.reshape(rows, w, heads // w, 1, dim) for t in (q, k, v)]
+    return torch.cat(parts, 3).permute(1, 0, 2, 3, 4).reshape(w, rows, heads // w, 3 * dim)
+
+
+def _check_pack():
+    qkv = torch.randn(65, 3 * 24 * 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (t.view(65, 24, 128) for t in qkv.split(24 * 128, 1))
+    for w in (1, 2, 3, 4, 8):
+        got = attnprep.pack_qkv_destination_major(q, k, v, w)
+        if not torch.equal(got, _pack_reference(q, k, v, w)):
+            raise AssertionError(f"mismatch at world_size={w}")
+    return "bit-exact, world_size 1/2/3/4/8, fused-slice bf16 inputs"
+
+
+def _check_merge():
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        x = torch.randn(4, 33, 2, 3, 80, device="cuda").to(dtype)
+        if not torch.equal(attnprep.usp_merge_heads(x), x.permute(2, 1, 0, 3, 4).contiguous()):
+            raise AssertionError(f"mismatch for {dtype}")
+    return "bit-exact, fp16/bf16/fp32"
+
+
+def _check_messages():
+    q = torch.randn(4, 8, 16)
+    try:
+        attnprep.pack_qkv_destination_major(q, q, q, 2)
+    except ValueError as e:
+        if str(e) != "q, k, and v must be CUDA tensors":
+            raise AssertionError(f"unexpected message {e}")
+        return "validation reaches Python as ValueError with the documented text"
+    raise AssertionError("no ValueError for CPU tensors")
+
+
+def _bench():
+    rows = []
+    qkv = torch.randn(32768, 3 * 24 * 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (t.view(32768, 24, 128) for t in qkv.split(24 * 128, 1))
+    out = torch.empty(8, 32768, 3, 384, device="cuda", dtype=torch.bfloat16)
+    nbytes = 2 * out.numel() * 2
+    t = _bench.median_ms([lambda: attnprep.pack_qkv_destination_major(q, k, v, 8, out=out)], 20)
+    te = _bench.median_ms([lambda: _pack_reference(q, k, v, 8).contiguous()], 20)
+    tc = _bench.copy_ms(nbytes // 2, 20)
+    rows.append(["pack_qkv_destination_major (32768, 24, 128, 8)", t * 1e3, _bench.gbps(nbytes, t),
+                 100 * tc / t, te * 1e3])
+    x = torch.randn(8, 8192, 1, 3, 128, device="cuda", dtype=torch.bfloat16)
+    nbytes = 2 * x.numel() * 2
+    t = _bench.median_ms([lambda: attnprep.usp_merge_heads(x)], 20)
+    te = _bench.median_ms([lambda: x.permute(2, 1, 0, 3, 4).contiguous()], 20)
+    tc = _bench.copy_ms(nbytes // 2, 20)
+    rows.append(["usp_merge_heads (8, 8192, 1, 3, 128)", t * 1e3, _bench.gbps(nbytes, t), 100 * tc / t, te * 1e3])
+    _bench.print_table(f"Short benchmark, bf16 ({_bench.environment()})",
+                       ["op (shape)", "attnprep us", "GB/s", "% of copy", "eager PyTorch us"], rows)
+    print("\nFull benchmarks: python bench/bench_<op>.py (see bench/RESULTS.md).")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m attnprep")
+    p.add_argument("--no-bench", action="store_true", help="skip the short benchmark")
+    args = p.parse_args(argv)
+
+    info = attnprep.build_info()
+    print(f"attnprep {info['version']}")
+    print(f"  CUDA backend : {'yes, CUDA ' + info['cuda_version'] + ', sm ' + info['cuda_architectures'] if info['cuda'] else 'not built'}")
+    print(f"  Metal backend: {'yes' if info['metal'] else 'not built'}")
+    print(f"  torch        : {info['torch']} (tensor import: {info['dlpack_path']})")
+    print(f"  device       : {info['device']}")
+
+    print("\nSelf-check")
+    ok = _check("validation", _check_messages)
+    if torch.cuda.is_available() and info["cuda"]:
+        ok &= _check("pack_qkv_destination_major (CUDA)", _check_pack)
+        ok &= _check("usp_merge_heads (CUDA)", _check_merge)
+    else:
+        print("  skip  CUDA ops: no CUDA device here" if info["cuda"] else "  skip  CUDA ops: built without CUDA")
+
+    if not args.no_bench:
+        if torch.cuda.is_available() and info["cuda"]:
+            _bench()
+        else:
+            print("\nShort benchmark: skipped (no GPU found; the kernels need one)")
+    print("\nself-check " + ("passed" if ok else "FAILED"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Timing helpers shared by bench/bench_<op>.py and `python -m attnprep`.
+
+Kernel time: median of per-call CUDA events after warm-up, rotating among
+several input sets when one set would fit in L2. Bandwidth is the bytes the
+op must move (each input read once, each output written once) over that time,
+reported against a device-to-device copy of the same bytes measured in the
+same run. Launch-bound sizes are timed as CUDA-graph replays; host overhead
+as wall time per call over many calls without a sync.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+
+L2_BYTES = 60 << 20
+
+
+def sets_needed(bytes_per_set: int) -> int:
+    """How many input sets to rotate so that the working set exceeds L2 several times."""
+    return max(1, min(8, (4 * L2_BYTES) // max(bytes_per_set, 1) + 1))
+
+
+def median_ms(fns: Sequence[Callable[[], object]], iters: int = 50, warmup: int = 5) -> float:
+    """Median time of one call in ms; call i uses fns[i % len(fns)]."""
+    for i in range(warmup):
+        fns[i % len(fns)]()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        fns[i % len(fns)]()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def copy_ms(nbytes: int, iters: int = 50) -> float:
+    """Median time of a device-to-device copy that reads and writes `nbytes` each."""
+    n = max(nbytes // 2, 1)
+    sets = sets_needed(2 * nbytes)
+    src = [torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_() for _ in range(sets)]
+    dst = [torch.empty_like(s) for s in src]
+    fns = [lambda s=s, d=d: d.copy_(s) for s, d in zip(src, dst)]
+    return median_ms(fns, iters)
+
+
+def graph_replay_us(fn: Callable[[], object], calls: int = 20, replays: int = 200) -> float:
+    """Time per call of `fn` when `calls` of them are replayed as one CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    for _ in range(10):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(replays):
+            g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / (replays * calls))
+    return statistics.median(times)
+
+
+def empty_kernel_replay_us(calls: int = 20, replays: int = 200) -> float:
+    """The launch floor: an (almost) empty kernel, replayed the same way."""
+    return graph_replay_us(lambda: torch.cuda._sleep(0), calls, replays)
+
+
+def host_us(fn: Callable[[], object], calls: int = 2000) -> float:
+    """Wall time per call over `calls` calls without a sync (launch and binding cost)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e6 / calls
+
+
+def gbps(nbytes: int, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for r in rows:
+        print("| " + " | ".join(f"{c:.3g}" if isinstance(c, float) else str(c) for c in r) + " |")
+
+
+def environment() -> str:
+    return (f"{torch.cuda.get_device_name()} | torch {torch.__version__} | "
+            f"CUDA {torch.version.cuda} | {time.strftime('%Y-%m-%d')}")
