@@ -94,7 +94,10 @@ def run(quick: bool = False):
         ["torch.ops.attnprep (dispatcher)", common.host_us(lambda: torch.ops.attnprep.pack_qkv_destination_major(q, k, v, 8))],
         ["eager PyTorch", common.host_us(lambda: torch_pack(q, k, v, 8))],
         ["torch.compile", common.host_us(lambda: compiled_pack(q, k, v, 8))],
+        ["binding only: rows=0, nothing launched", common.host_us(lambda: attnprep.pack_qkv_destination_major(
+            q[:0], k[:0], v[:0], 8, out=out[:, :0]))],
         ["empty kernel (torch.cuda._sleep(0))", common.host_us(lambda: torch.cuda._sleep(0))],
+        ["bare launch from C++ (empty kernel)", attnprep._C._empty_launch_us(torch.cuda.current_device(), 2000)],
     ]
     common.print_table("Host overhead per call, rows=1 (2000 calls, no sync)", ["path", "us per call"], host)
 

@@ -2,7 +2,12 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "bindings/cuda_launch.h"
 #include "bindings/tensor_import.h"
+
+#if ATTNPREP_WITH_CUDA
+#include "cuda/launch_probe.h"
+#endif
 
 #if ATTNPREP_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -27,6 +32,18 @@ void init_build_info(nb::module_& m) {
     info["dlpack_path"] = dlpack_path();
     return info;
   });
+#if ATTNPREP_WITH_CUDA
+  // Benchmark helper: host us per bare launch on torch's current stream of `device`.
+  m.def("_empty_launch_us", [](int device, int launches) {
+    core::Device d{core::DeviceType::CUDA, device};
+    double us = -1;
+    run_cuda("_empty_launch_us", d, [&](cudaStream_t stream) {
+      us = cuda::empty_launch_us(launches, stream);
+      return cudaGetLastError();
+    });
+    return us;
+  });
+#endif
 }
 
 }  // namespace attnprep::bindings

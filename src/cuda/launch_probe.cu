@@ -1,0 +1,23 @@
+// An empty kernel, launched from this library's own runtime, to measure the
+// host cost of a bare launch on the machine at hand (the floor under every
+// op's per-call overhead). Used by the benchmarks only.
+#include <chrono>
+
+#include "cuda/launch_probe.h"
+
+namespace attnprep::cuda {
+namespace {
+__global__ void empty_kernel() {}
+}  // namespace
+
+double empty_launch_us(int launches, cudaStream_t stream) {
+  empty_kernel<<<1, 32, 0, stream>>>();
+  cudaStreamSynchronize(stream);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < launches; ++i) empty_kernel<<<1, 32, 0, stream>>>();
+  const auto t1 = std::chrono::steady_clock::now();
+  cudaStreamSynchronize(stream);
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / launches;
+}
+
+}  // namespace attnprep::cuda
