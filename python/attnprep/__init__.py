@@ -5,12 +5,14 @@ Public ops (see README.md and SPEC.md for the contract):
 
 - :func:`pack_qkv_destination_major`: Ulysses input side, one all-to-all.
 - :func:`usp_merge_heads`: Ulysses output side.
+- :func:`rope_pool_fused`: RoPE on q/k and the KV-pool write, one launch.
 """
 
 __version__ = "0.1.0"
 
 from ._info import build_info
 from .pack_qkv import pack_qkv_destination_major
+from .rope_pool import rope_pool_fused
 from .usp_merge_heads import usp_merge_heads
 
-__all__ = ["__version__", "build_info", "pack_qkv_destination_major", "usp_merge_heads"]
+__all__ = ["__version__", "build_info", "pack_qkv_destination_major", "usp_merge_heads", "rope_pool_fused"]

@@ -7,6 +7,7 @@ namespace attnprep::bindings {
 void init_pack_qkv(nb::module_& m);
 void init_build_info(nb::module_& m);
 void init_usp_merge_heads(nb::module_& m);
+void init_rope_pool(nb::module_& m);
 }  // namespace attnprep::bindings
 
 NB_MODULE(_C, m) {
@@ -14,4 +15,5 @@ NB_MODULE(_C, m) {
   attnprep::bindings::init_build_info(m);
   attnprep::bindings::init_pack_qkv(m);
   attnprep::bindings::init_usp_merge_heads(m);
+  attnprep::bindings::init_rope_pool(m);
 }

@@ -1,0 +1,98 @@
+"""Benchmark rope_pool_fused (bf16, q 32 heads, k/v 8 heads, head_dim 128,
+pool of 1,000,000 slots, random positions below 131072, random distinct slots).
+
+    python bench/bench_rope_pool.py [--quick]
+
+Per T: median kernel time (CUDA events), effective GB/s (q, k, v, positions,
+slots read once; q_rot, k_rot and the pool rows written once) and % of a
+device-to-device copy of the same bytes, measured in the same run; CUDA-graph
+replay per call for T <= 512; the plain-PyTorch composition (rope on q and k,
+then index_copy_ into the pools) eager and under torch.compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import attnprep
+from attnprep import _bench as common
+
+HQ, HKV, D, POOL, MAXPOS, BASE = 32, 8, 128, 1_000_000, 131072, 10000.0
+TS = [1, 8, 32, 128, 512, 2048, 8192, 32768]
+
+
+def inv_freq():
+    i = torch.arange(D // 2, dtype=torch.float64)
+    return (1.0 / BASE ** (2 * i / D)).float().cuda()
+
+
+def torch_rope(q, k, positions, freqs):
+    angle = positions.float()[:, None] * freqs[None, :]
+    cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]
+
+    def rot(x):
+        a, b = x[..., : D // 2].float(), x[..., D // 2:].float()
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(x.dtype)
+
+    return rot(q), rot(k)
+
+
+def torch_rope_pool(q, k, v, positions, slots, k_pool, v_pool, freqs):
+    q_rot, k_rot = torch_rope(q, k, positions, freqs)
+    k_pool.index_copy_(0, slots, k_rot)
+    v_pool.index_copy_(0, slots, v)
+    return q_rot, k_rot
+
+
+compiled = torch.compile(torch_rope_pool)
+
+
+def case(T, g):
+    q = torch.randn(T, HQ, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(T, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(T, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    positions = torch.randint(0, MAXPOS, (T,), device="cuda", generator=g)
+    slots = torch.randperm(POOL, device="cuda", generator=g)[:T]
+    return q, k, v, positions, slots
+
+
+def run(quick: bool = False):
+    iters = 10 if quick else 50
+    g = torch.Generator(device="cuda").manual_seed(0)
+    k_pool = torch.randn(POOL, HKV, D, device="cuda", dtype=torch.bfloat16)
+    v_pool = torch.randn(POOL, HKV, D, device="cuda", dtype=torch.bfloat16)
+    freqs = inv_freq()
+    kw = dict(head_dim=D, num_qo_heads=HQ, num_kv_heads=HKV, rope_base=BASE)
+    rows = []
+    for T in ([128, 8192] if quick else TS):
+        nbytes = T * ((HQ + 2 * HKV) * D * 2 + 16) + T * (HQ + 3 * HKV) * D * 2
+        sets = [case(T, g) for _ in range(common.sets_needed(nbytes))]
+        for s in sets:  # correctness on this data first
+            q_rot, k_rot, _, _ = attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw)
+            assert torch.equal(k_pool[s[4]], k_rot) and torch.equal(v_pool[s[4]], s[2]), "pool mismatch"
+            ref_q = torch_rope(s[0], s[1], s[3], freqs)[0]
+            err = ((q_rot.float() - ref_q.float()).abs().max() / ref_q.float().abs().max()).item()
+            assert err < 2e-2, f"q_rot differs from the plain-PyTorch composition by {err}"
+        t = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets], iters)
+        te = common.median_ms([lambda s=s: torch_rope_pool(*s, k_pool, v_pool, freqs) for s in sets], iters)
+        tc = common.median_ms([lambda s=s: compiled(*s, k_pool, v_pool, freqs) for s in sets], iters)
+        tcopy = common.copy_ms(nbytes // 2, iters)
+        graph = graph_c = float("nan")
+        if T <= 512:
+            s = sets[0]
+            graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
+            graph_c = common.graph_replay_us(lambda: compiled(*s, k_pool, v_pool, freqs))
+        rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, tc * 1e3, 100 * tcopy / tc,
+                     graph_c, te * 1e3, tc / t])
+    common.print_table(
+        f"rope_pool_fused, bf16, 32/8 heads, head_dim 128 ({common.environment()})",
+        ["T", "attnprep us", "GB/s", "% of copy", "graph replay us", "torch.compile us", "compile % of copy",
+         "compile graph us", "eager us", "speed-up vs compile"], rows)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    run(p.parse_args().quick)

@@ -1,0 +1,139 @@
+#include "core/rope_pool.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "core/errors.h"
+
+namespace attnprep::core {
+namespace {
+
+bool is_float_type(DType d) { return d == DType::Float16 || d == DType::BFloat16 || d == DType::Float32; }
+
+}  // namespace
+
+void check_rope_pool(const RopePoolArgs& a) {
+  const TensorArg &q = a.q, &k = a.k, &v = a.v;
+  // The eleven documented checks, in order.
+  require(q.ndim == 3 && k.ndim == 3 && v.ndim == 3, "rope_pool_fused expects q/k/v to be 3-D");
+  require(a.positions.ndim == 1 && a.slots.ndim == 1, "rope_pool_fused expects positions/slots to be 1-D");
+  require(a.k_pool.ndim == 3 && a.v_pool.ndim == 3, "rope_pool_fused expects pool tensors to be 3-D");
+  const int64_t T = q.size(0);
+  if (!q.has_shape({T, a.num_qo_heads, a.head_dim}))
+    throw ValueError("q shape must be [num_tokens, num_qo_heads, head_dim], got " + shape_str(q));
+  if (!k.has_shape({T, a.num_kv_heads, a.head_dim}))
+    throw ValueError("k shape must be [num_tokens, num_kv_heads, head_dim], got " + shape_str(k));
+  if (!v.same_shape(k))
+    throw ValueError("v shape must match k shape, got " + shape_str(v) + " vs " + shape_str(k));
+  require(a.positions.size(0) == T && a.slots.size(0) == T, "positions/slots must have one entry per token");
+  if (a.k_pool.size(1) != a.num_kv_heads || a.k_pool.size(2) != a.head_dim)
+    throw ValueError("k_pool has incompatible shape " + shape_str(a.k_pool));
+  if (!a.v_pool.same_shape(a.k_pool))
+    throw ValueError("v_pool shape must match k_pool shape, got " + shape_str(a.v_pool) + " vs " +
+                     shape_str(a.k_pool));
+  require(q.dtype == k.dtype && q.dtype == v.dtype, "q/k/v dtypes must match");
+  require(a.k_pool.dtype == q.dtype && a.v_pool.dtype == q.dtype, "pool dtypes must match q/k/v dtype");
+
+  // This library's own checks.
+  const TensorArg* all[] = {&q, &k, &v, &a.positions, &a.slots, &a.k_pool, &a.v_pool};
+  for (const TensorArg* t : all) require(t->device == q.device, "rope_pool_fused expects all tensors on one device");
+  if (a.has_cache) require(a.cos_sin_cache.device == q.device, "rope_pool_fused expects all tensors on one device");
+  require(q.device.type == DeviceType::CUDA || q.device.type == DeviceType::MPS,
+          "rope_pool_fused expects CUDA or MPS tensors");
+  if (!is_float_type(q.dtype))
+    throw ValueError(std::string("rope_pool_fused supports float16, bfloat16 and float32, got ") +
+                     dtype_name(q.dtype));
+  if (a.head_dim % 2 != 0 || a.head_dim <= 0 || a.head_dim > 2 * ATTNPREP_ROPE_MAX_HALF)
+    throw ValueError("rope_pool_fused expects an even head_dim in [2, 512], got " + std::to_string(a.head_dim));
+  const int64_t rot = a.rot();
+  if (rot % 2 != 0 || rot <= 0 || rot > a.head_dim)
+    throw ValueError("rope_pool_fused expects an even rotary_dim in [2, head_dim], got " + std::to_string(rot));
+  const auto is_index = [](DType d) { return d == DType::Int32 || d == DType::Int64; };
+  require(is_index(a.positions.dtype) && is_index(a.slots.dtype),
+          "rope_pool_fused expects int32 or int64 positions/slots");
+  for (const TensorArg* t : {&q, &k, &v, &a.k_pool, &a.v_pool})
+    require(t->stride(2) == 1, "rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim");
+  if (a.has_cache) {
+    const TensorArg& c = a.cos_sin_cache;
+    if (c.ndim != 2 || c.size(1) != rot)
+      throw ValueError("cos_sin_cache must have shape [max_position, rotary_dim] = [*, " + std::to_string(rot) +
+                       "], got " + shape_str(c));
+    if (c.dtype != DType::Float32 && c.dtype != DType::BFloat16)
+      throw ValueError(std::string("cos_sin_cache must be float32 or bfloat16, got ") + dtype_name(c.dtype));
+    require(c.stride(1) == 1, "cos_sin_cache must be contiguous in its last dimension");
+  } else {
+    require(std::isfinite(a.rope_base) && a.rope_base > 0, "rope_base must be a positive number");
+  }
+}
+
+std::vector<float> rope_inv_freq(double base, int64_t rotary_dim) {
+  std::vector<float> f(static_cast<size_t>(rotary_dim / 2));
+  for (int64_t i = 0; i < rotary_dim / 2; ++i)
+    f[i] = static_cast<float>(1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(rotary_dim)));
+  return f;
+}
+
+RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_rot, const TensorArg& k_rot,
+                                     int vector_bytes) {
+  RopePoolParams p{};
+  p.num_tokens = a.q.size(0);
+  p.pool_size = a.k_pool.size(0);
+  p.q_stride_token = a.q.stride(0);
+  p.q_stride_head = a.q.stride(1);
+  p.k_stride_token = a.k.stride(0);
+  p.k_stride_head = a.k.stride(1);
+  p.v_stride_token = a.v.stride(0);
+  p.v_stride_head = a.v.stride(1);
+  p.qo_stride_token = q_rot.stride(0);
+  p.qo_stride_head = q_rot.stride(1);
+  p.ko_stride_token = k_rot.stride(0);
+  p.ko_stride_head = k_rot.stride(1);
+  p.kp_stride_slot = a.k_pool.stride(0);
+  p.kp_stride_head = a.k_pool.stride(1);
+  p.vp_stride_slot = a.v_pool.stride(0);
+  p.vp_stride_head = a.v_pool.stride(1);
+  p.num_qo_heads = static_cast<ap_i32>(a.num_qo_heads);
+  p.num_kv_heads = static_cast<ap_i32>(a.num_kv_heads);
+  p.head_dim = static_cast<ap_i32>(a.head_dim);
+  p.rotary_dim = static_cast<ap_i32>(a.rot());
+  p.is_neox = a.is_neox ? 1 : 0;
+  p.positions_int64 = a.positions.dtype == DType::Int64 ? 1 : 0;
+  p.slots_int64 = a.slots.dtype == DType::Int64 ? 1 : 0;
+  p.use_cache = a.has_cache ? 1 : 0;
+  if (a.has_cache) {
+    p.cache_stride = a.cos_sin_cache.stride(0);
+    p.cache_len = a.cos_sin_cache.size(0);
+    p.cache_bf16 = a.cos_sin_cache.dtype == DType::BFloat16 ? 1 : 0;
+  } else {
+    const std::vector<float> f = rope_inv_freq(a.rope_base, a.rot());
+    for (size_t i = 0; i < f.size(); ++i) p.inv_freq[i] = f[i];
+  }
+
+  // Vector width: 16 bytes' worth of elements when every address, stride and
+  // size allows it (and, for GPT-J, a vector holds whole pairs); else one.
+  const int64_t es = a.q.itemsize;
+  const int64_t w = vector_bytes / es;
+  bool vec = w > 1;
+  const int64_t half = a.rot() / 2;
+  if (a.is_neox ? half % w != 0 : a.rot() % w != 0) vec = false;
+  if (a.head_dim % w != 0) vec = false;
+  const TensorArg* tensors[] = {&a.q, &a.k, &a.v, &q_rot, &k_rot, &a.k_pool, &a.v_pool};
+  for (const TensorArg* t : tensors) {
+    if (reinterpret_cast<uintptr_t>(t->data) % vector_bytes != 0) vec = false;
+    if ((t->stride(0) * es) % vector_bytes != 0 || (t->stride(1) * es) % vector_bytes != 0) {
+      // a stride only matters when its dimension has more than one index
+      if (t->size(0) > 1 && (t->stride(0) * es) % vector_bytes != 0) vec = false;
+      if (t->size(1) > 1 && (t->stride(1) * es) % vector_bytes != 0) vec = false;
+    }
+  }
+  p.width = static_cast<ap_i32>(vec ? w : 1);
+  // Items of a q/k head: rotated groups (NeoX: `width` pairs from the two
+  // halves; GPT-J: width/2 adjacent pairs, at least one) + passed-through groups.
+  const int64_t rot_items = a.is_neox ? half / p.width : a.rot() / (p.width == 1 ? 2 : p.width);
+  p.qk_items_per_head = static_cast<ap_i32>(rot_items + (a.head_dim - a.rot()) / p.width);
+  p.v_items_per_head = static_cast<ap_i32>(a.head_dim / p.width);
+  return p;
+}
+
+}  // namespace attnprep::core

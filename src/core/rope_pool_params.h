@@ -1,0 +1,52 @@
+// The parameter block of the fused RoPE + KV-pool kernels, shared verbatim by
+// the C++ host code, the CUDA kernel and the Metal kernel (it is included by
+// src/metal/rope_pool.metal). Fixed-width fields only, laid out so that C++
+// and Metal agree byte for byte; the static_asserts below pin that layout.
+#pragma once
+
+#if defined(__METAL_VERSION__)
+#include <metal_stdlib>
+typedef long ap_i64;
+typedef int ap_i32;
+#else
+#include <cstddef>
+#include <cstdint>
+typedef int64_t ap_i64;
+typedef int32_t ap_i32;
+#endif
+
+#define ATTNPREP_ROPE_MAX_HALF 256  // rotary_dim / 2 at most (head_dim <= 512)
+
+// Strides are in elements. "qo"/"ko" are the outputs q_rot/k_rot (equal to q/k
+// when inplace).
+struct RopePoolParams {
+  ap_i64 num_tokens;
+  ap_i64 pool_size;
+  ap_i64 q_stride_token, q_stride_head;
+  ap_i64 k_stride_token, k_stride_head;
+  ap_i64 v_stride_token, v_stride_head;
+  ap_i64 qo_stride_token, qo_stride_head;
+  ap_i64 ko_stride_token, ko_stride_head;
+  ap_i64 kp_stride_slot, kp_stride_head;
+  ap_i64 vp_stride_slot, vp_stride_head;
+  ap_i64 cache_stride;        // elements between rows of cos_sin_cache
+  ap_i64 cache_len;           // rows of cos_sin_cache (max_position)
+  ap_i32 num_qo_heads, num_kv_heads;
+  ap_i32 head_dim, rotary_dim;
+  ap_i32 is_neox;             // 1: rotate halves; 0: GPT-J interleaved pairs
+  ap_i32 use_cache;           // 1: cos/sin from cos_sin_cache; 0: from inv_freq
+  ap_i32 positions_int64, slots_int64;
+  ap_i32 cache_bf16;          // cos_sin_cache dtype: 1 bfloat16, 0 float32
+  ap_i32 width;               // elements per memory access (1, or 16 bytes' worth)
+  ap_i32 qk_items_per_head;   // work items of one q or k head (rotated + passed through)
+  ap_i32 v_items_per_head;    // work items of one v head (copied)
+  float inv_freq[ATTNPREP_ROPE_MAX_HALF];  // float32(1 / base^(2i / rotary_dim)), used when !use_cache
+};
+
+#if !defined(__METAL_VERSION__)
+static_assert(sizeof(RopePoolParams) == 18 * 8 + 12 * 4 + ATTNPREP_ROPE_MAX_HALF * 4,
+              "RopePoolParams layout must match the Metal side");
+static_assert(offsetof(RopePoolParams, num_qo_heads) == 144, "layout");
+static_assert(offsetof(RopePoolParams, width) == 180, "layout");
+static_assert(offsetof(RopePoolParams, inv_freq) == 192, "layout");
+#endif

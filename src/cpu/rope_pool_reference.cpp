@@ -1,0 +1,102 @@
+#include "cpu/rope_pool_reference.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "cpu/float_bits.h"
+
+namespace attnprep::cpu {
+namespace {
+
+double read_scalar(const core::TensorArg& t, int64_t offset) {
+  const auto* base = static_cast<const unsigned char*>(t.data) + offset * t.itemsize;
+  uint16_t h;
+  switch (t.dtype) {
+    case core::DType::Float32: {
+      float f;
+      std::memcpy(&f, base, 4);
+      return f;
+    }
+    case core::DType::Float16: std::memcpy(&h, base, 2); return half_to_float(h);
+    case core::DType::BFloat16: std::memcpy(&h, base, 2); return bf16_to_float(h);
+    case core::DType::Int32: {
+      int32_t i;
+      std::memcpy(&i, base, 4);
+      return i;
+    }
+    case core::DType::Int64: {
+      int64_t i;
+      std::memcpy(&i, base, 8);
+      return static_cast<double>(i);
+    }
+    default: return std::numeric_limits<double>::quiet_NaN();
+  }
+}
+
+int64_t read_index(const core::TensorArg& t, int64_t i) {
+  const auto* base = static_cast<const unsigned char*>(t.data) + i * t.strides[0] * t.itemsize;
+  if (t.dtype == core::DType::Int64) {
+    int64_t v;
+    std::memcpy(&v, base, 8);
+    return v;
+  }
+  int32_t v;
+  std::memcpy(&v, base, 4);
+  return v;
+}
+
+}  // namespace
+
+double read_element(const core::TensorArg& t, int64_t i0, int64_t i1, int64_t i2) {
+  return read_scalar(t, i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2]);
+}
+
+RopePoolReference rope_pool_reference(const core::RopePoolArgs& a) {
+  const int64_t T = a.q.size(0), D = a.head_dim, rot = a.rot(), half = rot / 2;
+  const int64_t hq = a.num_qo_heads, hkv = a.num_kv_heads;
+  RopePoolReference r;
+  r.q_rot.resize(static_cast<size_t>(T * hq * D));
+  r.k_rot.resize(static_cast<size_t>(T * hkv * D));
+  r.pos_ok.assign(static_cast<size_t>(T), true);
+  r.pool_writer.assign(static_cast<size_t>(a.k_pool.size(0)), -1);
+  const std::vector<float> inv_freq = core::rope_inv_freq(a.rope_base, rot);
+  std::vector<double> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = read_index(a.positions, t);
+    bool ok = true;
+    for (int64_t i = 0; i < half; ++i) {
+      if (a.has_cache) {
+        ok = pos >= 0 && pos < a.cos_sin_cache.size(0);
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        c[i] = ok ? read_scalar(a.cos_sin_cache, pos * a.cos_sin_cache.strides[0] + i) : nan;
+        s[i] = ok ? read_scalar(a.cos_sin_cache, pos * a.cos_sin_cache.strides[0] + half + i) : nan;
+      } else {
+        const float angle = static_cast<float>(pos) * inv_freq[i];  // one float32 rounding
+        c[i] = std::cos(static_cast<double>(angle));
+        s[i] = std::sin(static_cast<double>(angle));
+      }
+    }
+    r.pos_ok[t] = ok;
+    auto rotate = [&](const core::TensorArg& x, int64_t heads, std::vector<double>& out) {
+      for (int64_t h = 0; h < heads; ++h) {
+        double* o = &out[static_cast<size_t>((t * heads + h) * D)];
+        for (int64_t d = 0; d < D; ++d) o[d] = read_element(x, t, h, d);
+        for (int64_t i = 0; i < half; ++i) {
+          const int64_t i1 = a.is_neox ? i : 2 * i, i2 = a.is_neox ? i + half : 2 * i + 1;
+          const double x1 = read_element(x, t, h, i1), x2 = read_element(x, t, h, i2);
+          o[i1] = x1 * c[i] - x2 * s[i];
+          o[i2] = x2 * c[i] + x1 * s[i];
+        }
+      }
+    };
+    rotate(a.q, hq, r.q_rot);
+    rotate(a.k, hkv, r.k_rot);
+    const int64_t slot = read_index(a.slots, t);
+    if (ok && slot >= 0 && slot < a.k_pool.size(0)) r.pool_writer[static_cast<size_t>(slot)] = t;
+  }
+  return r;
+}
+
+}  // namespace attnprep::cpu

@@ -1,0 +1,29 @@
+// CUDA launcher of the fused RoPE + KV-pool kernel (SPEC.md section 3).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/rope_pool_params.h"
+#include "core/tensor.h"
+
+namespace attnprep::cuda {
+
+struct RopePoolPointers {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* q_rot;   // == q when inplace
+  void* k_rot;   // == k when inplace
+  void* k_pool;
+  void* v_pool;
+  const void* positions;
+  const void* slots;
+  const void* cos_sin_cache;  // null unless params.use_cache
+};
+
+// One launch for q, k and v; nothing when there are no tokens. `dtype` is
+// float16, bfloat16 or float32 (checked by core::check_rope_pool).
+cudaError_t rope_pool(const RopePoolParams& params, const RopePoolPointers& ptrs, core::DType dtype,
+                      cudaStream_t stream);
+
+}  // namespace attnprep::cuda

@@ -1,0 +1,235 @@
+// rope_pool_fused: every check and message in order (synthetic tensors, so
+// also the cases CI cannot build: two GPUs, MPS, mixed devices), the launch
+// parameters, and the CPU reference against closed-form cases.
+#include <cmath>
+#include <cstring>
+
+#include "check.h"
+#include "core/errors.h"
+#include "core/rope_pool.h"
+#include "cpu/float_bits.h"
+#include "cpu/rope_pool_reference.h"
+#include "tensor_builder.h"
+
+using namespace attnprep::core;
+using test::make;
+
+namespace {
+const Device cuda0{DeviceType::CUDA, 0}, cuda1{DeviceType::CUDA, 1}, cpu{DeviceType::CPU, 0},
+    mps{DeviceType::MPS, 0};
+
+RopePoolArgs args(DType dt = DType::BFloat16, Device dev = cuda0, int64_t T = 4, int64_t hq = 8, int64_t hkv = 2,
+                  int64_t D = 64) {
+  RopePoolArgs a;
+  a.q = make({T, hq, D}, dt, dev);
+  a.k = make({T, hkv, D}, dt, dev);
+  a.v = make({T, hkv, D}, dt, dev);
+  a.positions = make({T}, DType::Int64, dev);
+  a.slots = make({T}, DType::Int32, dev);
+  a.k_pool = make({16, hkv, D}, dt, dev);
+  a.v_pool = make({16, hkv, D}, dt, dev);
+  a.head_dim = D;
+  a.num_qo_heads = hq;
+  a.num_kv_heads = hkv;
+  return a;
+}
+
+#define REJECTS(mutation, msg)                                \
+  do {                                                        \
+    RopePoolArgs a = args();                                  \
+    mutation;                                                 \
+    CHECK_THROWS_MSG(ValueError, check_rope_pool(a), msg);    \
+  } while (0)
+}  // namespace
+
+TEST_CASE("the eleven documented checks, in order") {
+  check_rope_pool(args());
+  REJECTS(a.q = make({4, 512}), "rope_pool_fused expects q/k/v to be 3-D");
+  REJECTS(a.v = make({4, 2, 64, 1}); a.positions = make({4, 1}), "rope_pool_fused expects q/k/v to be 3-D");
+  REJECTS(a.slots = make({4, 1}, DType::Int64), "rope_pool_fused expects positions/slots to be 1-D");
+  REJECTS(a.k_pool = make({16, 128}); a.num_qo_heads = 1, "rope_pool_fused expects pool tensors to be 3-D");
+  REJECTS(a.num_qo_heads = 4, "q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])");
+  REJECTS(a.head_dim = 32, "q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])");
+  REJECTS(a.k = make({5, 2, 64}), "k shape must be [num_tokens, num_kv_heads, head_dim], got torch.Size([5, 2, 64])");
+  REJECTS(a.v = make({4, 3, 64}), "v shape must match k shape, got torch.Size([4, 3, 64]) vs torch.Size([4, 2, 64])");
+  REJECTS(a.positions = make({5}, DType::Int64), "positions/slots must have one entry per token");
+  REJECTS(a.k_pool = make({16, 2, 32}), "k_pool has incompatible shape torch.Size([16, 2, 32])");
+  REJECTS(a.v_pool = make({8, 2, 64}),
+          "v_pool shape must match k_pool shape, got torch.Size([8, 2, 64]) vs torch.Size([16, 2, 64])");
+  REJECTS(a.k = make({4, 2, 64}, DType::Float16), "q/k/v dtypes must match");
+  REJECTS(a.v = make({4, 2, 64}, DType::Float32); a.v_pool = make({16, 2, 64}, DType::Float64),
+          "q/k/v dtypes must match");
+  REJECTS(a.v_pool = make({16, 2, 64}, DType::Float16), "pool dtypes must match q/k/v dtype");
+  // a later check never hides an earlier one: everything wrong at once
+  REJECTS(a.q = make({4, 8}, DType::Float64, cpu); a.head_dim = 3, "rope_pool_fused expects q/k/v to be 3-D");
+}
+
+TEST_CASE("library checks: one device, CUDA or MPS, dtype, dims, indices, strides, cache") {
+  REJECTS(a.slots = make({4}, DType::Int64, cuda1), "rope_pool_fused expects all tensors on one device");
+  REJECTS(a.v_pool = make({16, 2, 64}, DType::BFloat16, cpu), "rope_pool_fused expects all tensors on one device");
+  REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 64}, DType::Float32, mps),
+          "rope_pool_fused expects all tensors on one device");
+  {
+    RopePoolArgs a = args(DType::BFloat16, cpu);
+    CHECK_THROWS_MSG(ValueError, check_rope_pool(a), "rope_pool_fused expects CUDA or MPS tensors");
+    check_rope_pool(args(DType::Float16, mps));
+    check_rope_pool(args(DType::Float32, cuda1));
+    CHECK_THROWS_MSG(ValueError, check_rope_pool(args(DType::Float64)),
+                     "rope_pool_fused supports float16, bfloat16 and float32, got torch.float64");
+    CHECK_THROWS_MSG(ValueError, check_rope_pool(args(DType::BFloat16, cuda0, 4, 8, 2, 63)),
+                     "rope_pool_fused expects an even head_dim in [2, 512], got 63");
+    CHECK_THROWS_MSG(ValueError, check_rope_pool(args(DType::BFloat16, cuda0, 4, 1, 1, 514)),
+                     "rope_pool_fused expects an even head_dim in [2, 512], got 514");
+  }
+  REJECTS(a.rotary_dim = 31, "rope_pool_fused expects an even rotary_dim in [2, head_dim], got 31");
+  REJECTS(a.rotary_dim = 0, "rope_pool_fused expects an even rotary_dim in [2, head_dim], got 0");
+  REJECTS(a.rotary_dim = 66, "rope_pool_fused expects an even rotary_dim in [2, head_dim], got 66");
+  REJECTS(a.positions = make({4}, DType::Float32), "rope_pool_fused expects int32 or int64 positions/slots");
+  REJECTS(a.slots = make({4}, DType::Int16), "rope_pool_fused expects int32 or int64 positions/slots");
+  REJECTS(a.k = make({4, 2, 64}, DType::BFloat16, cuda0, {256, 128, 2}),
+          "rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim");
+  REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 32}, DType::Float32),
+          "cos_sin_cache must have shape [max_position, rotary_dim] = [*, 64], got torch.Size([8, 32])");
+  REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 64}, DType::Float16),
+          "cos_sin_cache must be float32 or bfloat16, got torch.float16");
+  REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 64}, DType::Float32, cuda0, {128, 2}),
+          "cos_sin_cache must be contiguous in its last dimension");
+  REJECTS(a.rope_base = 0, "rope_base must be a positive number");
+  REJECTS(a.rope_base = std::nan(""), "rope_base must be a positive number");
+  // row-strided pools and q/k/v head/row strides are fine
+  RopePoolArgs a = args();
+  a.k_pool = make({16, 2, 64}, DType::BFloat16, cuda0, {3 * 128, 64, 1});
+  a.q = make({4, 8, 64}, DType::BFloat16, cuda0, {12 * 64, 64, 1});
+  check_rope_pool(a);
+}
+
+TEST_CASE("inv_freq is 1 / base^(2i/rot) rounded once to float32") {
+  const auto f = rope_inv_freq(10000.0, 128);
+  CHECK_EQ(f.size(), size_t{64});
+  CHECK_EQ(f[0], 1.0f);
+  CHECK_EQ(f[1], static_cast<float>(1.0 / std::pow(10000.0, 2.0 / 128)));
+  CHECK_EQ(f[63], static_cast<float>(1.0 / std::pow(10000.0, 126.0 / 128)));
+}
+
+TEST_CASE("params: 16-byte groups when everything allows, one element otherwise") {
+  RopePoolArgs a = args();
+  CHECK_EQ(make_rope_pool_params(a, a.q, a.k).width, 8);
+  CHECK_EQ(make_rope_pool_params(a, a.q, a.k).qk_items_per_head, 4);  // 32 pairs of halves / 8
+  CHECK_EQ(make_rope_pool_params(a, a.q, a.k).v_items_per_head, 8);
+  a.rotary_dim = 24;  // half 12: not a multiple of 8
+  CHECK_EQ(make_rope_pool_params(a, a.q, a.k).width, 1);
+  CHECK_EQ(make_rope_pool_params(a, a.q, a.k).qk_items_per_head, 12 + 40);
+  a.is_neox = false;  // GPT-J: 24 elements = 3 groups of 8
+  CHECK_EQ(make_rope_pool_params(a, a.q, a.k).width, 8);
+  CHECK_EQ(make_rope_pool_params(a, a.q, a.k).qk_items_per_head, 3 + 5);
+  RopePoolArgs b = args();
+  b.v.data = static_cast<unsigned char*>(b.v.data) + 2;  // misaligned
+  CHECK_EQ(make_rope_pool_params(b, b.q, b.k).width, 1);
+  RopePoolArgs c = args(DType::Float32);
+  CHECK_EQ(make_rope_pool_params(c, c.q, c.k).width, 4);
+  c.k_pool = make({16, 2, 64}, DType::Float32, cuda0, {129, 64, 1});  // row stride of 129 floats
+  CHECK_EQ(make_rope_pool_params(c, c.q, c.k).width, 1);
+  CHECK_EQ(make_rope_pool_params(c, c.q, c.k).kp_stride_slot, 129);
+  CHECK_EQ(make_rope_pool_params(args(), args().q, args().k).inv_freq[0], 1.0f);
+}
+
+namespace {
+// Host-backed float32 case for the reference.
+struct HostCase {
+  RopePoolArgs a;
+  test::HostBuffer bq, bk, bv, bp, bs, bkp, bvp, bc;
+};
+void fill_f32(TensorArg& t, test::HostBuffer& b, std::initializer_list<float> values) {
+  b.attach(t, 1);
+  float* p = static_cast<float*>(t.data);
+  size_t i = 0;
+  for (float v : values) p[i++] = v;
+}
+}  // namespace
+
+TEST_CASE("reference: closed-form rotations") {
+  HostCase h;
+  RopePoolArgs& a = h.a;
+  a = args(DType::Float32, cuda0, 2, 1, 1, 4);
+  fill_f32(a.q, h.bq, {1, 2, 3, 4, 1, 2, 3, 4});
+  fill_f32(a.k, h.bk, {1, 0, 0, 1, 1, 0, 0, 1});
+  fill_f32(a.v, h.bv, {0, 0, 0, 0, 0, 0, 0, 0});
+  h.bp.attach(a.positions, 1);
+  static_cast<int64_t*>(a.positions.data)[0] = 0;  // angle 0: identity
+  static_cast<int64_t*>(a.positions.data)[1] = 3;
+  h.bs.attach(a.slots, 1);
+  static_cast<int32_t*>(a.slots.data)[0] = -1;
+  static_cast<int32_t*>(a.slots.data)[1] = 5;
+  a.k_pool = make({8, 1, 4}, DType::Float32);
+  a.v_pool = a.k_pool;
+  a.rope_base = 100.0;
+  auto r = attnprep::cpu::rope_pool_reference(a);
+  // token 0, position 0: unchanged
+  for (int d = 0; d < 4; ++d) CHECK_EQ(r.q_rot[d], static_cast<double>(d + 1));
+  // token 1, position 3, NeoX over 4 dims: pairs (0, 2) with inv_freq 1 and (1, 3) with inv_freq 1/10
+  const double a0 = static_cast<float>(3.0f * 1.0f), a1 = static_cast<float>(3.0f * static_cast<float>(0.1));
+  const double want[4] = {1 * std::cos(a0) - 3 * std::sin(a0), 2 * std::cos(a1) - 4 * std::sin(a1),
+                          3 * std::cos(a0) + 1 * std::sin(a0), 4 * std::cos(a1) + 2 * std::sin(a1)};
+  for (int d = 0; d < 4; ++d) CHECK(std::fabs(r.q_rot[4 + d] - want[d]) < 1e-15);
+  // slot -1 is skipped, slot 5 gets token 1
+  CHECK_EQ(r.pool_writer[5], int64_t{1});
+  int written = 0;
+  for (int64_t w : r.pool_writer) written += w >= 0;
+  CHECK_EQ(written, 1);
+
+  // GPT-J pairs (0, 1) and (2, 3); partial rotary 2 leaves dims 2, 3 alone
+  a.is_neox = false;
+  a.rotary_dim = 2;
+  r = attnprep::cpu::rope_pool_reference(a);
+  CHECK(std::fabs(r.q_rot[4] - (1 * std::cos(a0) - 2 * std::sin(a0))) < 1e-15);
+  CHECK(std::fabs(r.q_rot[5] - (2 * std::cos(a0) + 1 * std::sin(a0))) < 1e-15);
+  CHECK_EQ(r.q_rot[6], 3.0);
+  CHECK_EQ(r.q_rot[7], 4.0);
+  // k = (1, 0, 0, 1) keeps its norm under any rotation
+  const double n = r.k_rot[4] * r.k_rot[4] + r.k_rot[5] * r.k_rot[5] + r.k_rot[6] * r.k_rot[6] + r.k_rot[7] * r.k_rot[7];
+  CHECK(std::fabs(n - 2.0) < 1e-15);
+}
+
+TEST_CASE("reference: cos_sin_cache values are used exactly; out-of-range rows are NaN and not written") {
+  HostCase h;
+  RopePoolArgs& a = h.a;
+  a = args(DType::Float32, cuda0, 2, 1, 1, 2);
+  fill_f32(a.q, h.bq, {2, 3, 2, 3});
+  fill_f32(a.k, h.bk, {1, 1, 1, 1});
+  fill_f32(a.v, h.bv, {0, 0, 0, 0});
+  h.bp.attach(a.positions, 1);
+  static_cast<int64_t*>(a.positions.data)[0] = 1;
+  static_cast<int64_t*>(a.positions.data)[1] = 7;  // past the 2-row table
+  h.bs.attach(a.slots, 1);
+  static_cast<int32_t*>(a.slots.data)[0] = 0;
+  static_cast<int32_t*>(a.slots.data)[1] = 1;
+  a.k_pool = make({4, 1, 2}, DType::Float32);
+  a.v_pool = a.k_pool;
+  a.has_cache = true;
+  a.cos_sin_cache = make({2, 2}, DType::Float32);
+  fill_f32(a.cos_sin_cache, h.bc, {1, 0, 0.25f, 0.5f});  // row 1: cos 0.25, sin 0.5 (not a real angle)
+  auto r = attnprep::cpu::rope_pool_reference(a);
+  CHECK_EQ(r.q_rot[0], 2 * 0.25 - 3 * 0.5);
+  CHECK_EQ(r.q_rot[1], 3 * 0.25 + 2 * 0.5);
+  CHECK(std::isnan(r.q_rot[2]) && !r.pos_ok[1]);
+  CHECK_EQ(r.pool_writer[0], int64_t{0});
+  CHECK_EQ(r.pool_writer[1], int64_t{-1});
+}
+
+TEST_CASE("float16/bfloat16 conversions round to nearest even") {
+  using namespace attnprep::cpu;
+  CHECK_EQ(float_to_half(1.0f), uint16_t{0x3c00});
+  CHECK_EQ(half_to_float(0x3c00), 1.0f);
+  CHECK_EQ(float_to_half(65504.0f), uint16_t{0x7bff});
+  CHECK_EQ(float_to_half(1e6f), uint16_t{0x7c00});
+  CHECK_EQ(half_to_float(0x0001), 5.9604644775390625e-8f);
+  CHECK_EQ(float_to_half(5.9604644775390625e-8f), uint16_t{0x0001});
+  CHECK_EQ(float_to_half(1.0f + 1.0f / 2048), uint16_t{0x3c00});  // tie to even
+  CHECK_EQ(float_to_half(1.0f + 3.0f / 2048), uint16_t{0x3c02});
+  CHECK_EQ(float_to_bf16(1.0f + 1.0f / 256), uint16_t{0x3f80});   // tie to even
+  CHECK_EQ(bf16_to_float(0x3f81), 1.0078125f);
+  for (uint32_t hbits = 0; hbits < 0x7c00; hbits += 7)  // round trip over finite halves
+    CHECK_EQ(float_to_half(half_to_float(static_cast<uint16_t>(hbits))), static_cast<uint16_t>(hbits));
+}
+
+TEST_MAIN()

@@ -1,0 +1,447 @@
+"""rope_pool_fused against a float64 reference (SPEC.md section 3).
+
+Runs on every GPU backend present: CUDA, and MPS on a Mac (skipped elsewhere).
+"""
+
+import os
+
+import pytest
+import torch
+
+from attnprep import rope_pool_fused
+from conftest import poison_like, same_bits
+
+DEVICES = [d for d, ok in (("cuda", torch.cuda.is_available()),
+                           ("mps", getattr(torch.backends, "mps", None) is not None
+                            and torch.backends.mps.is_available())) if ok]
+requires_gpu = pytest.mark.skipif(not DEVICES, reason="needs a CUDA or MPS device")
+on_devices = pytest.mark.parametrize("device", DEVICES or ["none"])
+
+# ---------------------------------------------------------------- reference
+
+
+def inv_freq(base, rot):
+    """float32(1 / base^(2i / rot)), computed in double and rounded once (SPEC.md)."""
+    i = torch.arange(rot // 2, dtype=torch.float64)
+    return (1.0 / base ** (2 * i / rot)).to(torch.float32)
+
+
+def cos_sin(positions, rot, base=None, cache=None):
+    """(cos, sin) [T, rot/2] in float64: from the float32 angle, or the table's values exactly."""
+    if cache is not None:
+        rows = cache[positions.long().cpu()].double()
+        return rows[:, : rot // 2], rows[:, rot // 2:]
+    angle = positions.cpu().to(torch.float32)[:, None] * inv_freq(base, rot)[None, :]  # float32 product
+    return torch.cos(angle.double()), torch.sin(angle.double())
+
+
+def rope_reference(x, cos, sin, rot, is_neox):
+    """x [T, H, D] -> float64 rotated copy; elements past rot pass through."""
+    x = x.detach().cpu().double()
+    out = x.clone()
+    c, s = cos[:, None, :], sin[:, None, :]
+    if is_neox:
+        a, b = x[..., : rot // 2], x[..., rot // 2: rot]
+        out[..., : rot // 2] = a * c - b * s
+        out[..., rot // 2: rot] = b * c + a * s
+    else:
+        a, b = x[..., 0:rot:2], x[..., 1:rot:2]
+        out[..., 0:rot:2] = a * c - b * s
+        out[..., 1:rot:2] = b * c + a * s
+    return out
+
+
+MANTISSA = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
+
+
+def assert_close_to_reference(got, want, x, rot, is_neox):
+    """Tolerance, and why.
+
+    fp16/bf16: the kernel computes in float32 and rounds once, so the result is
+    the reference rounded to the nearest or to its neighbour: at most 1 ulp of
+    the output dtype at |reference|. Under cancellation (|result| much smaller
+    than the inputs) the float32 arithmetic error, a few float32 ulp of
+    |x1| + |x2|, can exceed that ulp, so it is added to the bound.
+    float32: a few float32 ulp of the row's largest magnitude (cos/sin are
+    accurate to 2 ulp, each product and sum adds half an ulp).
+    NaN never passes.
+    """
+    got = got.detach().cpu().double()
+    assert not torch.isnan(got).any()
+    dtype = x.dtype
+    partner = x.detach().cpu().double().abs()
+    if is_neox:
+        h = rot // 2
+        partner[..., :h] += x.detach().cpu().double()[..., h:rot].abs()
+        partner[..., h:rot] += x.detach().cpu().double()[..., :h].abs()
+    else:
+        p = partner[..., :rot].clone()
+        partner[..., 0:rot:2] += p[..., 1:rot:2]
+        partner[..., 1:rot:2] += p[..., 0:rot:2]
+    f32_err = 8 * 2.0 ** -24 * partner
+    if dtype == torch.float32:
+        row_max = want.abs().amax(dim=-1, keepdim=True)
+        bound = 8 * 2.0 ** -24 * torch.maximum(row_max, partner)
+    else:
+        tiny = torch.finfo(dtype).tiny
+        e = torch.floor(torch.log2(want.abs().clamp(min=tiny)))
+        bound = torch.exp2(e - MANTISSA[dtype]) + f32_err
+    err = (got - want).abs()
+    worst = (err / bound).max().item() if err.numel() else 0.0
+    assert worst <= 1.0, f"error {worst:.3g}x the bound"
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def make_case(device, T, hq, hkv, D, dtype, pool_size=None, fused=False, pos_dtype=torch.int64, max_pos=1 << 20,
+              pool_row_pad=0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if fused:  # slices of one [T, (hq + 2 hkv) * D] projection
+        qkv = torch.randn(T, (hq + 2 * hkv) * D, generator=g).to(dtype).to(device)
+        q, k, v = qkv.split([hq * D, hkv * D, hkv * D], dim=1)
+        q, k, v = q.view(T, hq, D), k.view(T, hkv, D), v.view(T, hkv, D)
+    else:
+        q = torch.randn(T, hq, D, generator=g).to(dtype).to(device)
+        k = torch.randn(T, hkv, D, generator=g).to(dtype).to(device)
+        v = torch.randn(T, hkv, D, generator=g).to(dtype).to(device)
+    pool_size = pool_size or 2 * T + 3
+    positions = torch.randint(0, max_pos, (T,), generator=g).to(pos_dtype).to(device)
+    slots = torch.randperm(pool_size, generator=g)[:T].to(pos_dtype).to(device)
+    # a layer's slice of a larger buffer when pool_row_pad > 0
+    kbuf = poison_like((pool_size, hkv * D + pool_row_pad), dtype, device)
+    vbuf = poison_like((pool_size, hkv * D + pool_row_pad), dtype, device)
+    k_pool = kbuf[:, : hkv * D].view(pool_size, hkv, D) if pool_row_pad else kbuf.view(pool_size, hkv, D)
+    v_pool = vbuf[:, : hkv * D].view(pool_size, hkv, D) if pool_row_pad else vbuf.view(pool_size, hkv, D)
+    return q, k, v, positions, slots, k_pool, v_pool
+
+
+def check_case(q, k, v, positions, slots, k_pool, v_pool, *, rot=None, is_neox=True, base=10000.0, cache=None,
+               inplace=False):
+    T, hq, D = q.shape
+    hkv = k.shape[1]
+    rot = rot or D
+    pool_before = (k_pool.clone(), v_pool.clone())
+    q_in, k_in = q.clone(), k.clone()
+    out = rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=D, num_qo_heads=hq,
+                          num_kv_heads=hkv, rope_base=base, rotary_dim=None if rot == D else rot, is_neox=is_neox,
+                          cos_sin_cache=cache, inplace=inplace)
+    q_rot, k_rot, kp, vp = out
+    assert kp is k_pool and vp is v_pool
+    if inplace:
+        assert q_rot is q and k_rot is k
+    cos, sin = cos_sin(positions, rot, base, cache)
+    want_q = rope_reference(q_in, cos, sin, rot, is_neox)
+    want_k = rope_reference(k_in, cos, sin, rot, is_neox)
+    assert_close_to_reference(q_rot, want_q, q_in, rot, is_neox)
+    assert_close_to_reference(k_rot, want_k, k_in, rot, is_neox)
+    # pools: rows of valid slots hold exactly k_rot and v; every other byte is unchanged
+    want_kp, want_vp = pool_before[0].clone(), pool_before[1].clone()
+    sl = slots.long()
+    ok = (sl >= 0) & (sl < k_pool.shape[0])
+    want_kp[sl[ok]] = k_rot[ok]
+    want_vp[sl[ok]] = v[ok]
+    assert same_bits(k_pool, want_kp)
+    assert same_bits(v_pool, want_vp)
+    return out
+
+
+# ---------------------------------------------------------------- messages
+
+
+def cpu_args(**over):
+    a = dict(q=torch.randn(4, 8, 64), k=torch.randn(4, 2, 64), v=torch.randn(4, 2, 64),
+             positions=torch.arange(4), slots=torch.arange(4), k_pool=torch.zeros(16, 2, 64),
+             v_pool=torch.zeros(16, 2, 64))
+    kw = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=10000.0)
+    for key, val in over.items():
+        (a if key in a else kw)[key] = val
+    return a, kw
+
+
+def raises(msg, **over):
+    a, kw = cpu_args(**over)
+    with pytest.raises(ValueError) as e:
+        rope_pool_fused(*a.values(), **kw)
+    assert str(e.value) == msg
+
+
+def test_documented_messages_in_order():
+    raises("rope_pool_fused expects q/k/v to be 3-D", q=torch.randn(4, 512))
+    raises("rope_pool_fused expects q/k/v to be 3-D", v=torch.randn(4, 2, 64, 1), positions=torch.zeros(4, 1))
+    raises("rope_pool_fused expects positions/slots to be 1-D", slots=torch.zeros(4, 1, dtype=torch.long))
+    raises("rope_pool_fused expects pool tensors to be 3-D", k_pool=torch.zeros(16, 128), q=torch.randn(4, 8, 32))
+    raises("q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])", num_qo_heads=4)
+    raises("q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 32])", q=torch.randn(4, 8, 32))
+    raises("k shape must be [num_tokens, num_kv_heads, head_dim], got torch.Size([5, 2, 64])", k=torch.randn(5, 2, 64))
+    raises("k shape must be [num_tokens, num_kv_heads, head_dim], got torch.Size([4, 2, 64])", num_kv_heads=1)
+    raises("v shape must match k shape, got torch.Size([4, 3, 64]) vs torch.Size([4, 2, 64])", v=torch.randn(4, 3, 64))
+    raises("positions/slots must have one entry per token", positions=torch.arange(5))
+    raises("positions/slots must have one entry per token", slots=torch.arange(3))
+    raises("k_pool has incompatible shape torch.Size([16, 2, 32])", k_pool=torch.zeros(16, 2, 32))
+    raises("v_pool shape must match k_pool shape, got torch.Size([8, 2, 64]) vs torch.Size([16, 2, 64])",
+           v_pool=torch.zeros(8, 2, 64))
+    raises("q/k/v dtypes must match", k=torch.randn(4, 2, 64).half())
+    raises("q/k/v dtypes must match", v=torch.randn(4, 2, 64).double(), k_pool=torch.zeros(16, 2, 64).half())
+    raises("pool dtypes must match q/k/v dtype", v_pool=torch.zeros(16, 2, 64).half())
+
+
+def test_library_checks_reachable_on_cpu():
+    raises("rope_pool_fused expects CUDA or MPS tensors")
+    h = lambda *s: torch.randn(*s).half()  # noqa: E731
+    a = dict(q=h(4, 8, 64).double(), k=h(4, 2, 64).double(), v=h(4, 2, 64).double(),
+             k_pool=torch.zeros(16, 2, 64).double(), v_pool=torch.zeros(16, 2, 64).double())
+    raises("rope_pool_fused expects CUDA or MPS tensors", **a)
+
+
+@requires_gpu
+@on_devices
+def test_library_checks(device):
+    T = 4
+    base = dict(q=torch.randn(T, 8, 64, device=device), k=torch.randn(T, 2, 64, device=device),
+                v=torch.randn(T, 2, 64, device=device), positions=torch.arange(T, device=device),
+                slots=torch.arange(T, device=device), k_pool=torch.zeros(16, 2, 64, device=device),
+                v_pool=torch.zeros(16, 2, 64, device=device))
+
+    def bad(msg, **over):
+        args = dict(base)
+        kw = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=10000.0)
+        for key, val in over.items():
+            (args if key in args else kw)[key] = val
+        with pytest.raises(ValueError) as e:
+            rope_pool_fused(*args.values(), **kw)
+        assert str(e.value) == msg
+
+    bad("rope_pool_fused expects all tensors on one device", slots=torch.arange(T))
+    bad("rope_pool_fused expects all tensors on one device", cos_sin_cache=torch.zeros(8, 64))
+    if device == "cuda":
+        f64 = {n: t.double() for n, t in base.items() if t.is_floating_point()}
+        bad("rope_pool_fused supports float16, bfloat16 and float32, got torch.float64", **f64)
+    odd = dict(q=torch.randn(T, 8, 63, device=device), k=torch.randn(T, 2, 63, device=device),
+               v=torch.randn(T, 2, 63, device=device), k_pool=torch.zeros(16, 2, 63, device=device),
+               v_pool=torch.zeros(16, 2, 63, device=device))
+    bad("rope_pool_fused expects an even head_dim in [2, 512], got 63", head_dim=63, **odd)
+    bad("rope_pool_fused expects an even rotary_dim in [2, head_dim], got 31", rotary_dim=31)
+    bad("rope_pool_fused expects an even rotary_dim in [2, head_dim], got 66", rotary_dim=66)
+    bad("rope_pool_fused expects an even rotary_dim in [2, head_dim], got 0", rotary_dim=0)
+    bad("rope_pool_fused expects int32 or int64 positions/slots", positions=torch.arange(T, device=device).float())
+    bad("rope_pool_fused expects int32 or int64 positions/slots", slots=torch.arange(T, device=device).short())
+    bad("rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim",
+        k=torch.randn(T, 2, 128, device=device)[..., ::2])
+    bad("rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim",
+        v_pool=torch.zeros(16, 2, 128, device=device)[..., ::2])
+    bad("cos_sin_cache must have shape [max_position, rotary_dim] = [*, 64], got torch.Size([8, 32])",
+        cos_sin_cache=torch.zeros(8, 32, device=device))
+    bad("cos_sin_cache must be float32 or bfloat16, got torch.float16",
+        cos_sin_cache=torch.zeros(8, 64, device=device, dtype=torch.float16))
+    bad("rope_base must be a positive number", rope_base=0.0)
+    bad("rope_base must be a positive number", rope_base=float("nan"))
+
+
+# ---------------------------------------------------------------- correctness
+
+HEADS = [(32, 8), (8, 1), (28, 4), (16, 16)]
+
+
+@requires_gpu
+@on_devices
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
+@pytest.mark.parametrize("heads", HEADS, ids=str)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_matches_reference(device, dtype, head_dim, heads, is_neox):
+    hq, hkv = heads
+    case = make_case(device, 37, hq, hkv, head_dim, dtype, seed=head_dim + hq)
+    check_case(*case, is_neox=is_neox)
+
+
+@requires_gpu
+@on_devices
+@pytest.mark.parametrize("rot", [16, 32, 34, 48, 6, 2])
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_partial_rotary(device, rot, is_neox, dtype):
+    case = make_case(device, 17, 8, 2, 64, dtype, seed=rot)
+    check_case(*case, rot=rot, is_neox=is_neox)
+
+
+@requires_gpu
+@on_devices
+@pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("T", [1, 17, 65, 1000])
+def test_positions_and_sizes(device, pos_dtype, T):
+    case = make_case(device, T, 8, 2, 128, torch.bfloat16, pos_dtype=pos_dtype, max_pos=1 << 20, seed=T)
+    check_case(*case, base=500000.0)
+
+
+@requires_gpu
+@on_devices
+def test_large_angles_are_accurate(device):
+    """Positions near 2^20 with inv_freq[0] = 1: angles of ~1e6 rad need real range reduction."""
+    case = make_case(device, 64, 4, 4, 64, torch.float32, seed=5)
+    case[3].copy_(torch.arange((1 << 20) - 64, 1 << 20, device=device))
+    check_case(*case)
+
+
+@requires_gpu
+@on_devices
+def test_slots_negative_and_out_of_range(device):
+    q, k, v, positions, slots, k_pool, v_pool = make_case(device, 65, 8, 2, 128, torch.float16, pool_size=100)
+    slots[::3] = -1
+    slots[1::7] = 100  # == pool_size: never written
+    slots[2::11] = 1 << 40 if slots.dtype == torch.int64 else 2**31 - 1
+    check_case(q, k, v, positions, slots, k_pool, v_pool)
+
+
+@requires_gpu
+@on_devices
+def test_check_slots_raises_before_writing(device, monkeypatch):
+    q, k, v, positions, slots, k_pool, v_pool = make_case(device, 9, 8, 2, 64, torch.bfloat16, pool_size=20)
+    slots[4] = 20
+    before = k_pool.clone()
+    kw = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4)
+    with pytest.raises(ValueError) as e:
+        rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, check_slots=True, **kw)
+    assert str(e.value) == "slots must be < pool_size"
+    monkeypatch.setenv("ATTNPREP_CHECK_SLOTS", "1")
+    with pytest.raises(ValueError) as e:
+        rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, **kw)
+    assert str(e.value) == "slots must be < pool_size"
+    assert same_bits(k_pool, before)
+    # the documented checks still come first
+    with pytest.raises(ValueError) as e:
+        rope_pool_fused(q, k, v.float(), positions, slots, k_pool, v_pool, **kw)
+    assert str(e.value) == "q/k/v dtypes must match"
+    monkeypatch.delenv("ATTNPREP_CHECK_SLOTS")
+    slots[4] = 19
+    rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, check_slots=True, **kw)
+
+
+@requires_gpu
+@on_devices
+@pytest.mark.parametrize("pad", [0, 3 * 2 * 128])
+def test_strided_inputs_and_row_strided_pools(device, pad):
+    case = make_case(device, 65, 32, 8, 128, torch.bfloat16, fused=True, pool_row_pad=pad, seed=pad)
+    check_case(*case)
+
+
+@requires_gpu
+@on_devices
+def test_misaligned_inputs_take_the_scalar_path(device):
+    T, hq, hkv, D = 33, 4, 2, 64
+    base = torch.randn(T * (hq + 2 * hkv) * D + 1, device=device, dtype=torch.bfloat16)[1:]
+    q, k, v = base.view(T, -1).split([hq * D, hkv * D, hkv * D], dim=1)
+    _, _, _, positions, slots, k_pool, v_pool = make_case(device, T, hq, hkv, D, torch.bfloat16)
+    check_case(q.view(T, hq, D), k.view(T, hkv, D), v.view(T, hkv, D), positions, slots, k_pool, v_pool)
+
+
+def llama3_cos_sin_cache(rot, max_pos, base=500000.0, factor=8.0, low=1.0, high=4.0, orig=8192):
+    """A Llama-3-scaled table, built the way vLLM builds it (float32)."""
+    inv = 1.0 / (base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    wavelen = 2 * torch.pi / inv
+    low_wl, high_wl = orig / low, orig / high
+    smooth = (orig / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+    mid = (wavelen <= low_wl) & (wavelen >= high_wl)
+    scaled = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), scaled)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+@requires_gpu
+@on_devices
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_cos_sin_cache_llama3(device, cache_dtype, is_neox):
+    cache = llama3_cos_sin_cache(128, 4096).to(cache_dtype).to(device)
+    case = make_case(device, 65, 32, 8, 128, torch.bfloat16, max_pos=4096)
+    check_case(*case, cache=cache, is_neox=is_neox)
+
+
+@requires_gpu
+@on_devices
+def test_cos_sin_cache_partial_rotary(device):
+    cache = llama3_cos_sin_cache(32, 1000).to(device)
+    case = make_case(device, 17, 8, 2, 128, torch.float16, max_pos=1000)
+    check_case(*case, cache=cache, rot=32)
+
+
+@requires_gpu
+@on_devices
+def test_positions_outside_the_cache_are_never_read(device):
+    cache = llama3_cos_sin_cache(64, 100).to(device)
+    q, k, v, positions, slots, k_pool, v_pool = make_case(device, 8, 4, 2, 64, torch.float32, max_pos=100)
+    positions[3] = 100
+    positions[5] = -1
+    before = k_pool.clone()
+    kw = dict(head_dim=64, num_qo_heads=4, num_kv_heads=2, rope_base=1e4, cos_sin_cache=cache)
+    with pytest.raises(ValueError) as e:
+        rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, check_slots=True, **kw)
+    assert str(e.value) == "positions must be in [0, cos_sin_cache.shape[0])"
+    q_rot, k_rot, _, _ = rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, **kw)
+    bad = torch.zeros(8, dtype=torch.bool, device=device)
+    bad[3] = bad[5] = True
+    assert torch.isnan(q_rot[bad]).all() and not torch.isnan(q_rot[~bad]).any()
+    for t in (3, 5):  # no pool write for those tokens
+        assert same_bits(k_pool[slots[t]], before[slots[t]])
+
+
+@requires_gpu
+@on_devices
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_inplace(device, is_neox):
+    case = make_case(device, 33, 28, 4, 128, torch.bfloat16, fused=True)
+    check_case(*case, inplace=True, is_neox=is_neox)
+
+
+@requires_gpu
+@on_devices
+def test_empty(device):
+    q, k, v, positions, slots, k_pool, v_pool = make_case(device, 0, 8, 2, 64, torch.float16, pool_size=4)
+    before = k_pool.clone()
+    q_rot, k_rot, _, _ = rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=64, num_qo_heads=8,
+                                         num_kv_heads=2, rope_base=1e4)
+    assert q_rot.shape == (0, 8, 64) and k_rot.shape == (0, 2, 64) and same_bits(k_pool, before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_capture_and_replay():
+    q, k, v, positions, slots, k_pool, v_pool = make_case("cuda", 65, 32, 8, 128, torch.bfloat16)
+    kw = dict(head_dim=128, num_qo_heads=32, num_kv_heads=8, rope_base=1e4)
+    rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, **kw)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        q_rot, k_rot, _, _ = rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, **kw)
+    for seed in range(3):
+        fresh = make_case("cuda", 65, 32, 8, 128, torch.bfloat16, seed=100 + seed)
+        for dst, src in zip((q, k, v, positions, slots), fresh[:5]):
+            dst.copy_(src)
+        g.replay()
+        torch.cuda.synchronize()
+        cos, sin = cos_sin(positions, 128, 1e4)
+        assert_close_to_reference(q_rot, rope_reference(q, cos, sin, 128, True), q, 128, True)
+        assert same_bits(k_pool[slots.long()], k_rot) and same_bits(v_pool[slots.long()], v)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("inplace", [False, True])
+def test_torch_compile(inplace):
+    q, k, v, positions, slots, k_pool, v_pool = make_case("cuda", 17, 8, 2, 64, torch.float32)
+    kw = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4, inplace=inplace)
+
+    def f(q, k, v, positions, slots, k_pool, v_pool):
+        q_rot, k_rot, kp, vp = rope_pool_fused(q * 1, k * 1, v, positions, slots, k_pool, v_pool, **kw)
+        return q_rot + 1, k_rot.sum()
+
+    k_pool2, v_pool2 = k_pool.clone(), v_pool.clone()
+    got = torch.compile(f, fullgraph=True)(q, k, v, positions, slots, k_pool, v_pool)
+    want = f(q, k, v, positions, slots, k_pool2, v_pool2)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert same_bits(k_pool, k_pool2) and same_bits(v_pool, v_pool2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_opcheck():
+    q, k, v, positions, slots, k_pool, v_pool = make_case("cuda", 9, 8, 2, 64, torch.float16)
+    args = (q, k, v, positions, slots, k_pool, v_pool, 64, 8, 2, 1e4, -1, True, None)
+    torch.library.opcheck(torch.ops.attnprep.rope_pool_fused.default, args)
