@@ -88,14 +88,17 @@ def run(quick: bool = False):
 
     q, k, v = inputs(1, 8, 128, False)
     out = torch.empty(8, 1, 1, 384, device="cuda", dtype=torch.bfloat16)
+    q0, k0, v0, out0 = q[:0], k[:0], v[:0], out[:, :0]
     host = [
         ["attnprep (out=)", common.host_us(lambda: attnprep.pack_qkv_destination_major(q, k, v, 8, out=out))],
         ["attnprep (allocating)", common.host_us(lambda: attnprep.pack_qkv_destination_major(q, k, v, 8))],
         ["torch.ops.attnprep (dispatcher)", common.host_us(lambda: torch.ops.attnprep.pack_qkv_destination_major(q, k, v, 8))],
         ["eager PyTorch", common.host_us(lambda: torch_pack(q, k, v, 8))],
         ["torch.compile", common.host_us(lambda: compiled_pack(q, k, v, 8))],
-        ["binding only: rows=0, nothing launched", common.host_us(lambda: attnprep.pack_qkv_destination_major(
-            q[:0], k[:0], v[:0], 8, out=out[:, :0]))],
+        ["extension called directly (_C, out=)", common.host_us(lambda: attnprep._C.pack_qkv_destination_major(
+            q, k, v, 8, out))],
+        ["wrapper + binding + checks, rows=0 (nothing launched)", common.host_us(
+            lambda: attnprep.pack_qkv_destination_major(q0, k0, v0, 8, out=out0))],
         ["empty kernel (torch.cuda._sleep(0))", common.host_us(lambda: torch.cuda._sleep(0))],
         ["bare launch from C++ (empty kernel)", attnprep._C._empty_launch_us(torch.cuda.current_device(), 2000)],
     ]

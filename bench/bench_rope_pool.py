@@ -58,7 +58,7 @@ def case(T, g):
     return q, k, v, positions, slots
 
 
-def run(quick: bool = False):
+def run(quick: bool = False, ts=None):
     iters = 10 if quick else 50
     g = torch.Generator(device="cuda").manual_seed(0)
     k_pool = torch.randn(POOL, HKV, D, device="cuda", dtype=torch.bfloat16)
@@ -66,7 +66,7 @@ def run(quick: bool = False):
     freqs = inv_freq()
     kw = dict(head_dim=D, num_qo_heads=HQ, num_kv_heads=HKV, rope_base=BASE)
     rows = []
-    for T in ([128, 8192] if quick else TS):
+    for T in ts or ([128, 8192] if quick else TS):
         nbytes = T * ((HQ + 2 * HKV) * D * 2 + 16) + T * (HQ + 3 * HKV) * D * 2
         sets = [case(T, g) for _ in range(common.sets_needed(nbytes))]
         for s in sets:  # correctness on this data first
@@ -95,4 +95,6 @@ def run(quick: bool = False):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
-    run(p.parse_args().quick)
+    p.add_argument("--ts", type=lambda s: [int(x) for x in s.split(",")], help="token counts, e.g. 1,128,8192")
+    a = p.parse_args()
+    run(a.quick, a.ts)

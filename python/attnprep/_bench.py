@@ -24,14 +24,21 @@ def sets_needed(bytes_per_set: int) -> int:
     return max(1, min(8, (4 * L2_BYTES) // max(bytes_per_set, 1) + 1))
 
 
+SPIN_CYCLES = 200_000  # ~100 us: longer than any op's host-side cost
+
+
 def median_ms(fns: Sequence[Callable[[], object]], iters: int = 50, warmup: int = 5) -> float:
-    """Median time of one call in ms; call i uses fns[i % len(fns)]."""
+    """Median device time of one call in ms; call i uses fns[i % len(fns)].
+
+    Each timed call is queued behind a short spin kernel, so the events
+    measure the GPU work and not the host's time to launch it."""
     for i in range(warmup):
         fns[i % len(fns)]()
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
+        torch.cuda._sleep(SPIN_CYCLES)
         starts[i].record()
         fns[i % len(fns)]()
         ends[i].record()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 _is_compiling = torch.compiler.is_compiling
+_Tensor = torch.Tensor
 
 
 def direct(*tensors) -> bool:
@@ -20,6 +21,6 @@ def direct(*tensors) -> bool:
     for t in tensors:
         # Subclasses (FakeTensor, functional tensors...) need the dispatcher;
         # anything that is no tensor at all gets the extension's TypeError.
-        if type(t) is not torch.Tensor and isinstance(t, torch.Tensor):
+        if t.__class__ is not _Tensor and isinstance(t, _Tensor):
             return False
     return True

@@ -12,6 +12,10 @@ from ._dispatch import direct
 
 Tensor = torch.Tensor
 
+# Read once, at import: a per-call environment lookup would cost more than
+# the launch of a small call.
+_CHECK_SLOTS_ENV = os.environ.get("ATTNPREP_CHECK_SLOTS", "0") not in ("", "0")
+
 
 @torch.library.custom_op("attnprep::rope_pool_fused", mutates_args=("k_pool", "v_pool"))
 def _rope(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, slots: Tensor, k_pool: Tensor, v_pool: Tensor,
@@ -79,7 +83,7 @@ def rope_pool_fused(
     k_pool, v_pool)``; the pools are updated in place and returned as the
     same objects. ``slots[t] < 0`` skips the pool write of token t, and a slot
     ``>= pool_size`` is never written; ``check_slots=True`` (or
-    ``ATTNPREP_CHECK_SLOTS=1``) raises ``ValueError("slots must be <
+    ``ATTNPREP_CHECK_SLOTS=1`` in the environment when attnprep is imported) raises ``ValueError("slots must be <
     pool_size")`` instead, at the cost of one host synchronisation.
 
     NeoX style (rotate halves) by default, GPT-J pairs with ``is_neox=False``;
@@ -91,9 +95,7 @@ def rope_pool_fused(
     rd = -1 if rotary_dim is None else rotary_dim
     args = (q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, float(rope_base), rd,
             is_neox, cos_sin_cache)
-    if check_slots is None:
-        check_slots = os.environ.get("ATTNPREP_CHECK_SLOTS", "0") not in ("", "0")
-    if check_slots:
+    if check_slots or (check_slots is None and _CHECK_SLOTS_ENV):
         _C.rope_pool_check(*args, inplace)  # the documented checks come first
         _check_on_host(slots, k_pool.shape[0], positions, cos_sin_cache)
     if q.device.type == "mps":

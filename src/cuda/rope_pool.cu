@@ -1,9 +1,11 @@
-// Fused RoPE + KV-pool write. One block per token: the block first computes
-// the token's cos/sin table (rotary_dim / 2 entries, shared by every head)
-// into shared memory, then its threads walk the token's work items: rotate
-// each q and k head, store q_rot/k_rot, and scatter the rotated k and the raw
-// v into the pools when the token's slot is in [0, pool_size).
+// Fused RoPE + KV-pool write. Each block serves one token (or a slice of
+// one): it computes the token's cos/sin table (rotary_dim / 2 entries, shared
+// by every head) into shared memory, then its threads walk the token's work
+// items: rotate each q and k head, store q_rot/k_rot, and scatter the rotated
+// k and the raw v into the pools when the token's slot is in [0, pool_size).
 #include "cuda/rope_pool.h"
+
+#include "core/rope_pool.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,7 +15,15 @@
 namespace attnprep::cuda {
 namespace {
 
-constexpr int kThreads = 128;
+// Block size and the occupancy hint, fixed by measurement (bench/RESULTS.md);
+// overridable at build time for tuning runs.
+#ifndef ATTNPREP_ROPE_THREADS
+#define ATTNPREP_ROPE_THREADS 128
+#endif
+#ifndef ATTNPREP_ROPE_MIN_BLOCKS
+#define ATTNPREP_ROPE_MIN_BLOCKS 1
+#endif
+constexpr int kThreads = ATTNPREP_ROPE_THREADS;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -50,8 +60,110 @@ __device__ __forceinline__ int64_t read_index(const void* p, int64_t i, int is64
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
 }
 
+// One work item: up to two groups of W elements of one head, their
+// destinations, and which frequencies rotate them. Items are decoded and
+// their loads issued one item ahead of the arithmetic, so every thread keeps
+// two items' loads in flight and the first loads overlap the cos/sin setup.
 template <typename T, int W>
-__global__ void __launch_bounds__(kThreads)
+struct Item {
+  enum Kind { kNone, kNeox, kGptj, kCopy };
+  Kind kind = kNone;
+  bool is_q = false, is_v = false;
+  int head = 0;
+  T* dst = nullptr;   // q_rot/k_rot; null for v and for in-place pass-through
+  int lo_off = 0, hi_off = 0, freq = 0;
+  Group<T, W> lo, hi;
+
+  // Issues the item's loads. Nothing here waits for the token's position or
+  // slot, so these loads overlap that round trip too.
+  __device__ __forceinline__ void fetch(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t,
+                                        int64_t item, int64_t n_qk) {
+    constexpr int F = W == 1 ? 1 : W / 2;
+    const int half = p.rotary_dim / 2;
+    const T* src;
+    if (item >= n_qk) {  // v: copied into the pool only
+      const int r = static_cast<int>(item - n_qk);
+      head = r / p.v_items_per_head;
+      lo_off = (r - head * p.v_items_per_head) * W;
+      kind = kCopy;
+      is_v = true;
+      src = static_cast<const T*>(ptr.v) + t * p.v_stride_token + head * p.v_stride_head;
+      lo.load(src + lo_off);
+      return;
+    }
+    const int qk = p.qk_items_per_head;
+    head = static_cast<int>(item / qk);
+    const int sub = static_cast<int>(item - static_cast<int64_t>(head) * qk);
+    is_q = head < p.num_qo_heads;
+    if (is_q) {
+      src = static_cast<const T*>(ptr.q) + t * p.q_stride_token + head * p.q_stride_head;
+      dst = static_cast<T*>(ptr.q_rot) + t * p.qo_stride_token + head * p.qo_stride_head;
+    } else {
+      head -= p.num_qo_heads;
+      src = static_cast<const T*>(ptr.k) + t * p.k_stride_token + head * p.k_stride_head;
+      dst = static_cast<T*>(ptr.k_rot) + t * p.ko_stride_token + head * p.ko_stride_head;
+    }
+    const int rot_items = p.is_neox ? half / W : half / F;
+    if (sub >= rot_items) {  // pass-through part of a partial rotary
+      kind = kCopy;
+      lo_off = p.rotary_dim + (sub - rot_items) * W;
+      if (dst == src) dst = nullptr;  // in place: already there
+      lo.load(src + lo_off);
+    } else if (p.is_neox) {
+      kind = kNeox;
+      freq = sub * W;
+      lo_off = freq;
+      hi_off = half + freq;
+      lo.load(src + lo_off);
+      hi.load(src + hi_off);
+    } else {
+      kind = kGptj;
+      freq = sub * F;
+      lo_off = 2 * freq;
+      hi_off = lo_off + 1;  // W == 1: the pair's second element in `hi`
+      lo.load(src + lo_off);
+      if constexpr (W == 1) hi.load(src + hi_off);
+    }
+  }
+
+  __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr, const float2* cs,
+                                         int64_t slot, bool write_pool) {
+    if (kind == kNone) return;
+    if (kind == kNeox) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) rotate(lo.e[j], hi.e[j], cs[freq + j]);
+    } else if (kind == kGptj) {
+      if constexpr (W == 1) {
+        rotate(lo.e[0], hi.e[0], cs[freq]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < W / 2; ++j) rotate(lo.e[2 * j], lo.e[2 * j + 1], cs[freq + j]);
+      }
+    }
+    const bool two = kind == kNeox || (W == 1 && kind == kGptj);
+    if (dst) {
+      lo.store(dst + lo_off);
+      if (two) hi.store(dst + hi_off);
+    }
+    if (write_pool && !is_q) {
+      T* pool = is_v ? static_cast<T*>(ptr.v_pool) + slot * p.vp_stride_slot + head * p.vp_stride_head
+                     : static_cast<T*>(ptr.k_pool) + slot * p.kp_stride_slot + head * p.kp_stride_head;
+      lo.store(pool + lo_off);
+      if (two) hi.store(pool + hi_off);
+    }
+  }
+
+  // (a, b) -> (a cos - b sin, b cos + a sin) in float32, one rounding to T.
+  static __device__ __forceinline__ void rotate(T& a, T& b, float2 r) {
+    const float x = to_float(a), y = to_float(b);
+    a = from_float<T>(x * r.x - y * r.y);
+    b = from_float<T>(y * r.x + x * r.y);
+  }
+};
+
+// Block (t, s): token t, the s-th of gridDim.y slices of its work items.
+template <typename T, int W>
+__global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
     rope_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr) {
   __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
   const int64_t t = blockIdx.x;
@@ -62,6 +174,16 @@ __global__ void __launch_bounds__(kThreads)
   // and its pool write is skipped (check_slots=True reports it on the host).
   const bool pos_ok = !p.use_cache || (pos >= 0 && pos < p.cache_len);
   const bool write_pool = pos_ok && slot >= 0 && slot < p.pool_size;
+
+  const int64_t n_qk = static_cast<int64_t>(p.num_qo_heads + p.num_kv_heads) * p.qk_items_per_head;
+  const int64_t n_all = n_qk + static_cast<int64_t>(p.num_kv_heads) * p.v_items_per_head;
+  const int64_t per_block = (n_all + gridDim.y - 1) / gridDim.y;
+  const int64_t begin = blockIdx.y * per_block;
+  const int64_t end = min(n_all, begin + per_block);
+
+  Item<T, W> cur;
+  int64_t item = begin + threadIdx.x;
+  if (item < end) cur.fetch(p, ptr, t, item, n_qk);
 
   for (int i = threadIdx.x; i < half; i += kThreads) {
     float c, s;
@@ -87,83 +209,25 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // NeoX items rotate W pairs (x[i], x[i + half]); GPT-J items rotate F
-  // adjacent pairs (x[2i], x[2i + 1]); the rest of head_dim passes through.
-  constexpr int F = W == 1 ? 1 : W / 2;
-  const int rot_items = p.is_neox ? half / W : half / F;
-  const int qk_items = p.qk_items_per_head;
-  const int64_t n_qk = static_cast<int64_t>(p.num_qo_heads + p.num_kv_heads) * qk_items;
-  const int64_t n_all = n_qk + static_cast<int64_t>(p.num_kv_heads) * p.v_items_per_head;
-
-  for (int64_t item = threadIdx.x; item < n_all; item += kThreads) {
-    if (item >= n_qk) {  // v: copy into the pool
-      if (!write_pool) continue;
-      const int r = static_cast<int>(item - n_qk);
-      const int h = r / p.v_items_per_head, e0 = (r % p.v_items_per_head) * W;
-      Group<T, W> x;
-      x.load(static_cast<const T*>(ptr.v) + t * p.v_stride_token + h * p.v_stride_head + e0);
-      x.store(static_cast<T*>(ptr.v_pool) + slot * p.vp_stride_slot + h * p.vp_stride_head + e0);
-      continue;
-    }
-    int h = static_cast<int>(item / qk_items);
-    const int sub = static_cast<int>(item % qk_items);
-    const bool is_q = h < p.num_qo_heads;
-    const T* src;
-    T* dst;
-    T* pool = nullptr;
-    if (is_q) {
-      src = static_cast<const T*>(ptr.q) + t * p.q_stride_token + h * p.q_stride_head;
-      dst = static_cast<T*>(ptr.q_rot) + t * p.qo_stride_token + h * p.qo_stride_head;
-    } else {
-      h -= p.num_qo_heads;
-      src = static_cast<const T*>(ptr.k) + t * p.k_stride_token + h * p.k_stride_head;
-      dst = static_cast<T*>(ptr.k_rot) + t * p.ko_stride_token + h * p.ko_stride_head;
-      if (write_pool) pool = static_cast<T*>(ptr.k_pool) + slot * p.kp_stride_slot + h * p.kp_stride_head;
-    }
-    if (sub >= rot_items) {  // pass-through part of a partial rotary
-      const int e0 = p.rotary_dim + (sub - rot_items) * W;
-      Group<T, W> x;
-      x.load(src + e0);
-      if (dst != src) x.store(dst + e0);
-      if (pool) x.store(pool + e0);
-    } else if (p.is_neox) {
-      const int i0 = sub * W;
-      Group<T, W> lo, hi;
-      lo.load(src + i0);
-      hi.load(src + half + i0);
-#pragma unroll
-      for (int j = 0; j < W; ++j) {
-        const float2 r = cs[i0 + j];
-        const float a = to_float(lo.e[j]), b = to_float(hi.e[j]);
-        lo.e[j] = from_float<T>(a * r.x - b * r.y);
-        hi.e[j] = from_float<T>(b * r.x + a * r.y);
-      }
-      lo.store(dst + i0);
-      hi.store(dst + half + i0);
-      if (pool) {
-        lo.store(pool + i0);
-        hi.store(pool + half + i0);
-      }
-    } else {
-      const int i0 = sub * F;
-      Group<T, 2 * F> x;
-      x.load(src + 2 * i0);
-#pragma unroll
-      for (int j = 0; j < F; ++j) {
-        const float2 r = cs[i0 + j];
-        const float a = to_float(x.e[2 * j]), b = to_float(x.e[2 * j + 1]);
-        x.e[2 * j] = from_float<T>(a * r.x - b * r.y);
-        x.e[2 * j + 1] = from_float<T>(b * r.x + a * r.y);
-      }
-      x.store(dst + 2 * i0);
-      if (pool) x.store(pool + 2 * i0);
-    }
+  while (item < end) {
+    Item<T, W> next;
+    const int64_t next_item = item + kThreads;
+    if (next_item < end) next.fetch(p, ptr, t, next_item, n_qk);
+    cur.finish(p, ptr, cs, slot, write_pool);
+    cur = next;
+    item = next_item;
   }
 }
 
 template <typename T>
 cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.num_tokens));
+  // Many tokens: one block per token, each thread walks several items (the
+  // cos/sin setup is paid once per token). Few tokens: split each token over
+  // enough blocks that a thread has about one item, so the call costs about
+  // one memory round trip instead of several.
+  const int64_t items = core::rope_items_per_token(p);
+  const int64_t splits = p.num_tokens >= 1024 ? 1 : (items + kThreads - 1) / kThreads;
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(splits < 1 ? 1 : splits));
   if (p.width == 1)
     rope_pool_kernel<T, 1><<<grid, kThreads, 0, stream>>>(p, ptrs);
   else

@@ -4,6 +4,8 @@ Runs on every GPU backend present: CUDA, and MPS on a Mac (skipped elsewhere).
 """
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -29,7 +31,7 @@ def inv_freq(base, rot):
 def cos_sin(positions, rot, base=None, cache=None):
     """(cos, sin) [T, rot/2] in float64: from the float32 angle, or the table's values exactly."""
     if cache is not None:
-        rows = cache[positions.long().cpu()].double()
+        rows = cache.cpu()[positions.long().cpu()].double()
         return rows[:, : rot // 2], rows[:, rot // 2:]
     angle = positions.cpu().to(torch.float32)[:, None] * inv_freq(base, rot)[None, :]  # float32 product
     return torch.cos(angle.double()), torch.sin(angle.double())
@@ -295,7 +297,7 @@ def test_slots_negative_and_out_of_range(device):
 
 @requires_gpu
 @on_devices
-def test_check_slots_raises_before_writing(device, monkeypatch):
+def test_check_slots_raises_before_writing(device):
     q, k, v, positions, slots, k_pool, v_pool = make_case(device, 9, 8, 2, 64, torch.bfloat16, pool_size=20)
     slots[4] = 20
     before = k_pool.clone()
@@ -303,18 +305,34 @@ def test_check_slots_raises_before_writing(device, monkeypatch):
     with pytest.raises(ValueError) as e:
         rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, check_slots=True, **kw)
     assert str(e.value) == "slots must be < pool_size"
-    monkeypatch.setenv("ATTNPREP_CHECK_SLOTS", "1")
-    with pytest.raises(ValueError) as e:
-        rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, **kw)
-    assert str(e.value) == "slots must be < pool_size"
     assert same_bits(k_pool, before)
     # the documented checks still come first
     with pytest.raises(ValueError) as e:
-        rope_pool_fused(q, k, v.float(), positions, slots, k_pool, v_pool, **kw)
+        rope_pool_fused(q, k, v.float(), positions, slots, k_pool, v_pool, check_slots=True, **kw)
     assert str(e.value) == "q/k/v dtypes must match"
-    monkeypatch.delenv("ATTNPREP_CHECK_SLOTS")
     slots[4] = 19
     rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, check_slots=True, **kw)
+
+
+@requires_gpu
+@on_devices
+def test_check_slots_from_the_environment(device):
+    code = (
+        "import torch, attnprep\n"
+        f"d = {device!r}\n"
+        "q = torch.randn(3, 2, 64, device=d); k = torch.randn(3, 1, 64, device=d)\n"
+        "pool = torch.zeros(4, 1, 64, device=d)\n"
+        "slots = torch.tensor([0, 4, 1], device=d)\n"
+        "try:\n"
+        "    attnprep.rope_pool_fused(q, k, k.clone(), torch.arange(3, device=d), slots, pool, pool.clone(),\n"
+        "                             head_dim=64, num_qo_heads=2, num_kv_heads=1, rope_base=1e4)\n"
+        "except ValueError as e:\n"
+        "    assert str(e) == 'slots must be < pool_size', str(e)\n"
+        "    assert not pool.any()\n"
+        "else:\n"
+        "    raise SystemExit('no ValueError')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, ATTNPREP_CHECK_SLOTS="1"))
 
 
 @requires_gpu
