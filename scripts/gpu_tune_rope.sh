@@ -9,7 +9,7 @@ ts=${2:-1,8,128,512,2048,8192,32768}
 for v in $1; do
   threads=${v%,*}; blocks=${v#*,}
   ATTNPREP_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90;-DCMAKE_CUDA_FLAGS=-DATTNPREP_ROPE_THREADS=$threads -DATTNPREP_ROPE_MIN_BLOCKS=$blocks" \
-    bash scripts/setup.sh > "$OUT/tune_build_$threads_$blocks.log" 2>&1 || { tail -20 "$OUT/tune_build_$threads_$blocks.log"; continue; }
+    ATTNPREP_BUILD_DIR=build/tune bash scripts/setup.sh > "$OUT/tune_build_${threads}_${blocks}.log" 2>&1 || { tail -20 "$OUT/tune_build_${threads}_${blocks}.log"; continue; }
   echo "## variant threads=$threads min_blocks=$blocks"
   python3 bench/bench_rope_pool.py --ts "$ts" 2>&1 | grep -E "^\|" | tee "$OUT/tune_${threads}_${blocks}.md"
 done

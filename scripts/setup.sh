@@ -3,6 +3,7 @@
 # the C++ tests, into build/dev (kept between runs, so rebuilds are
 # incremental). Works offline when everything is already installed.
 #   PYTHON=...        interpreter to use (default: python3)
+#   ATTNPREP_BUILD_DIR build folder (default build/dev)
 #   ATTNPREP_TORCH=.. torch requirement when torch is missing (default: the
 #                     release CI tests against)
 set -euo pipefail
@@ -25,7 +26,7 @@ fi
 
 echo "attnprep setup: building (build/dev)"
 $PY -m pip install -q --no-build-isolation --no-deps \
-  -C build-dir=build/dev \
+  -C build-dir="${ATTNPREP_BUILD_DIR:-build/dev}" \
   -C cmake.define.ATTNPREP_BUILD_TESTS=ON \
   ${ATTNPREP_CMAKE_ARGS:+-C cmake.args="$ATTNPREP_CMAKE_ARGS"} \
   .
