@@ -15,13 +15,14 @@
 namespace attnprep::cuda {
 namespace {
 
-// Block size and the occupancy hint, fixed by measurement (bench/RESULTS.md);
+// Block size and the occupancy hint (10 blocks of 128: at most 48 registers,
+// no spills), fixed by measurement (bench/RESULTS.md);
 // overridable at build time for tuning runs.
 #ifndef ATTNPREP_ROPE_THREADS
 #define ATTNPREP_ROPE_THREADS 128
 #endif
 #ifndef ATTNPREP_ROPE_MIN_BLOCKS
-#define ATTNPREP_ROPE_MIN_BLOCKS 1
+#define ATTNPREP_ROPE_MIN_BLOCKS 10
 #endif
 constexpr int kThreads = ATTNPREP_ROPE_THREADS;
 
@@ -61,9 +62,9 @@ __device__ __forceinline__ int64_t read_index(const void* p, int64_t i, int is64
 }
 
 // One work item: up to two groups of W elements of one head, their
-// destinations, and which frequencies rotate them. Items are decoded and
-// their loads issued one item ahead of the arithmetic, so every thread keeps
-// two items' loads in flight and the first loads overlap the cos/sin setup.
+// destinations, and which frequencies rotate them. A thread's first item is
+// fetched before the cos/sin setup, so its loads overlap that work and the
+// round trip for the token's position and slot.
 template <typename T, int W>
 struct Item {
   enum Kind { kNone, kNeox, kGptj, kCopy };
@@ -209,13 +210,13 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
   }
   __syncthreads();
 
+  // One item in flight per thread: holding two (fetching the next before
+  // finishing the current) raised register use to 71 and lost a sixth of the
+  // bandwidth at large T on the H200 (bench/RESULTS.md, 2026-11-29).
   while (item < end) {
-    Item<T, W> next;
-    const int64_t next_item = item + kThreads;
-    if (next_item < end) next.fetch(p, ptr, t, next_item, n_qk);
     cur.finish(p, ptr, cs, slot, write_pool);
-    cur = next;
-    item = next_item;
+    item += kThreads;
+    if (item < end) cur.fetch(p, ptr, t, item, n_qk);
   }
 }
 
