@@ -82,6 +82,11 @@ struct Item {
     constexpr int F = W == 1 ? 1 : W / 2;
     const int half = p.rotary_dim / 2;
     const T* src;
+    // A thread reuses one Item for all its items: reset what a branch below
+    // may leave unset.
+    is_q = false;
+    is_v = false;
+    dst = nullptr;
     if (item >= n_qk) {  // v: copied into the pool only
       const int r = static_cast<int>(item - n_qk);
       head = r / p.v_items_per_head;

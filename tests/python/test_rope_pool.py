@@ -262,15 +262,16 @@ def test_matches_reference(device, dtype, head_dim, heads, is_neox):
 @pytest.mark.parametrize("rot", [16, 32, 34, 48, 6, 2])
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_partial_rotary(device, rot, is_neox, dtype):
-    case = make_case(device, 17, 8, 2, 64, dtype, seed=rot)
+@pytest.mark.parametrize("T", [17, 1100])
+def test_partial_rotary(device, rot, is_neox, dtype, T):
+    case = make_case(device, T, 8, 2, 64, dtype, seed=rot)
     check_case(*case, rot=rot, is_neox=is_neox)
 
 
 @requires_gpu
 @on_devices
 @pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64], ids=str)
-@pytest.mark.parametrize("T", [1, 17, 65, 1000])
+@pytest.mark.parametrize("T", [1, 17, 65, 1000, 1024, 3001])  # >= 1024: one block per token, many items a thread
 def test_positions_and_sizes(device, pos_dtype, T):
     case = make_case(device, T, 8, 2, 128, torch.bfloat16, pos_dtype=pos_dtype, max_pos=1 << 20, seed=T)
     check_case(*case, base=500000.0)
@@ -407,8 +408,9 @@ def test_positions_outside_the_cache_are_never_read(device):
 @requires_gpu
 @on_devices
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
-def test_inplace(device, is_neox):
-    case = make_case(device, 33, 28, 4, 128, torch.bfloat16, fused=True)
+@pytest.mark.parametrize("T", [33, 2048])
+def test_inplace(device, is_neox, T):
+    case = make_case(device, T, 28, 4, 128, torch.bfloat16, fused=True)
     check_case(*case, inplace=True, is_neox=is_neox)
 
 
