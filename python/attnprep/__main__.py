@@ -52,6 +52,34 @@ def _check_merge():
     return "bit-exact, fp16/bf16/fp32"
 
 
+def _check_rope():
+    T, hq, hkv, d = 65, 8, 2, 128
+    q = torch.randn(T, hq, d, device="cuda")
+    k = torch.randn(T, hkv, d, device="cuda")
+    v = torch.randn(T, hkv, d, device="cuda")
+    positions = torch.randint(0, 1 << 16, (T,), device="cuda")
+    slots = torch.randperm(2 * T, device="cuda")[:T]
+    slots[::5] = -1
+    k_pool = torch.zeros(2 * T, hkv, d, device="cuda")
+    v_pool = torch.zeros_like(k_pool)
+    q_rot, k_rot, _, _ = attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=d,
+                                                  num_qo_heads=hq, num_kv_heads=hkv, rope_base=10000.0)
+    inv = (1.0 / 10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)).float().cuda()
+    angle = (positions.float()[:, None] * inv[None, :]).double()
+    cos, sin = angle.cos()[:, None], angle.sin()[:, None]
+    x = q.double()
+    want = torch.cat([x[..., : d // 2] * cos - x[..., d // 2:] * sin, x[..., d // 2:] * cos + x[..., : d // 2] * sin], -1)
+    err = ((q_rot.double() - want).abs().max() / want.abs().max()).item()
+    if err > 1e-6:
+        raise AssertionError(f"q_rot relative error {err:.2e}")
+    ok = slots >= 0
+    if not (torch.equal(k_pool[slots[ok]], k_rot[ok]) and torch.equal(v_pool[slots[ok]], v[ok])):
+        raise AssertionError("pool rows differ")
+    if k_pool.abs().sum(dim=(1, 2)).count_nonzero() != int(ok.sum()):
+        raise AssertionError("rows written outside the valid slots")
+    return f"fp32 max relative error {err:.1e} against float64, pool rows exact, slot -1 skipped"
+
+
 def _check_messages():
     q = torch.randn(4, 8, 16)
     try:
@@ -80,6 +108,20 @@ def _bench():
     te = _bench.median_ms([lambda: x.permute(2, 1, 0, 3, 4).contiguous()], 20)
     tc = _bench.copy_ms(nbytes // 2, 20)
     rows.append(["usp_merge_heads (8, 8192, 1, 3, 128)", t * 1e3, _bench.gbps(nbytes, t), 100 * tc / t, te * 1e3])
+    T = 8192
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(T, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn_like(k)
+    positions = torch.randint(0, 131072, (T,), device="cuda", generator=g)
+    slots = torch.randperm(1 << 18, device="cuda", generator=g)[:T]
+    k_pool = torch.empty(1 << 18, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v_pool = torch.empty_like(k_pool)
+    kw = dict(head_dim=128, num_qo_heads=32, num_kv_heads=8, rope_base=10000.0)
+    nbytes = T * (48 * 128 * 2 + 16) + T * 56 * 128 * 2
+    t = _bench.median_ms([lambda: attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, **kw)], 20)
+    tc = _bench.copy_ms(nbytes // 2, 20)
+    rows.append(["rope_pool_fused (T 8192, 32/8 heads, 128)", t * 1e3, _bench.gbps(nbytes, t), 100 * tc / t, "-"])
     _bench.print_table(f"Short benchmark, bf16 ({_bench.environment()})",
                        ["op (shape)", "attnprep us", "GB/s", "% of copy", "eager PyTorch us"], rows)
     print("\nFull benchmarks: python bench/bench_<op>.py (see bench/RESULTS.md).")
@@ -102,6 +144,7 @@ def main(argv=None) -> int:
     if torch.cuda.is_available() and info["cuda"]:
         ok &= _check("pack_qkv_destination_major (CUDA)", _check_pack)
         ok &= _check("usp_merge_heads (CUDA)", _check_merge)
+        ok &= _check("rope_pool_fused (CUDA)", _check_rope)
     else:
         print("  skip  CUDA ops: no CUDA device here" if info["cuda"] else "  skip  CUDA ops: built without CUDA")
 
