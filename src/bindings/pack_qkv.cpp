@@ -35,6 +35,19 @@ nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, 
   return result;
 }
 
+// Internal: the GQA pack of the Ulysses layer (not part of the public API).
+nb::object pack_qkv_gqa(nb::handle q, nb::handle k, nb::handle v, int64_t world_size) {
+  const ImportedTensor tq = import_tensor(q, "q");
+  const ImportedTensor tk = import_tensor(k, "k");
+  const ImportedTensor tv = import_tensor(v, "v");
+  const core::PackGqaShape shape = core::check_pack_qkv_gqa(tq.arg, tk.arg, tv.arg, world_size);
+  NewTensor out = new_tensor_like(q, tq, shape.out_shape, 3);
+  if (out.arg.numel() == 0) return std::move(out.tensor);
+  const core::StridedCopyPlan plan = core::plan_pack_qkv_gqa(shape, tq.arg, tk.arg, tv.arg, out.arg);
+  ATTNPREP_RUN_CUDA("ulysses pack", tq.arg.device, stream, cuda::strided_copy(plan, stream));
+  return std::move(out.tensor);
+}
+
 }  // namespace
 
 void init_pack_qkv(nb::module_& m) {

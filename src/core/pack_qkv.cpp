@@ -68,4 +68,75 @@ StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const T
   return plan_strided_copy(jobs, 3);
 }
 
+PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size) {
+  require(q.ndim == 3 && k.ndim == 3 && k.same_shape(v) && k.size(0) == q.size(0) && k.size(2) == q.size(2),
+          "ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, head_dim]");
+  require(q.device.type == DeviceType::CUDA && q.device == k.device && q.device == v.device,
+          "ulysses: q, k and v must be on one CUDA device");
+  require(q.dtype == k.dtype && q.dtype == v.dtype && q.itemsize == k.itemsize && q.itemsize == v.itemsize,
+          "ulysses: q, k and v must have one dtype");
+  require(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,
+          "ulysses: q, k and v must be contiguous in head_dim");
+  require(world_size >= 1 && q.size(1) % world_size == 0, "ulysses: world_size must divide the number of q heads");
+  const int64_t kv = k.size(1);
+  require(kv >= 1 && q.size(1) % kv == 0 && (kv % world_size == 0 || world_size % kv == 0),
+          "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size");
+  PackGqaShape s{};
+  s.world_size = world_size;
+  s.rows = q.size(0);
+  s.heads = q.size(1);
+  s.kv_heads = kv;
+  s.head_size = q.size(2);
+  s.local_q = s.heads / world_size;
+  s.local_kv = kv >= world_size ? kv / world_size : 1;
+  s.out_shape[0] = world_size;
+  s.out_shape[1] = s.rows;
+  s.out_shape[2] = (s.local_q + 2 * s.local_kv) * s.head_size;
+  return s;
+}
+
+StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& s, const TensorArg& q, const TensorArg& k,
+                                  const TensorArg& v, const TensorArg& out) {
+  const int64_t es = q.itemsize, row = s.head_size * es;
+  const int64_t out_row = s.out_shape[2] * es;  // bytes for one (destination, row)
+  const int64_t per_dest = s.rows * out_row;
+  CopyJob jobs[3];
+  const TensorArg* src[3] = {&q, &k, &v};
+  const int64_t offset[3] = {0, s.local_q * row, (s.local_q + s.local_kv) * row};
+  for (int j = 0; j < 3; ++j) {
+    const TensorArg& t = *src[j];
+    CopyJob& job = jobs[j];
+    job.src = t.data;
+    job.dst = static_cast<unsigned char*>(out.data) + offset[j];
+    job.row_bytes = row;
+    job.src_elem_stride = es;
+    job.itemsize = static_cast<int32_t>(es);
+    const int64_t hs = t.stride(1) * es, rs = t.stride(0) * es;
+    if (j == 0 || s.kv_heads >= s.world_size) {
+      // destination d takes heads [d * local, (d + 1) * local)
+      const int64_t local = j == 0 ? s.local_q : s.local_kv;
+      const int64_t dims[kCopyDims] = {1, s.world_size, s.rows, local};
+      const int64_t ss[kCopyDims] = {0, local * hs, rs, hs};
+      const int64_t ds[kCopyDims] = {0, per_dest, out_row, row};
+      for (int d = 0; d < kCopyDims; ++d) {
+        job.dims[d] = dims[d];
+        job.src_stride[d] = ss[d];
+        job.dst_stride[d] = ds[d];
+      }
+    } else {
+      // destination d = a * rep + b takes kv head a: a stride of zero repeats it
+      const int64_t rep = s.world_size / s.kv_heads;
+      const int64_t dims[kCopyDims] = {s.kv_heads, rep, s.rows, 1};
+      const int64_t ss[kCopyDims] = {hs, 0, rs, 0};
+      const int64_t ds[kCopyDims] = {rep * per_dest, per_dest, out_row, 0};
+      for (int d = 0; d < kCopyDims; ++d) {
+        job.dims[d] = dims[d];
+        job.src_stride[d] = ss[d];
+        job.dst_stride[d] = ds[d];
+      }
+    }
+  }
+  return plan_strided_copy(jobs, 3);
+}
+
 }  // namespace attnprep::core

@@ -27,4 +27,17 @@ void check_pack_qkv_out(const PackQkvShape& shape, const TensorArg& q, const Ten
 StridedCopyPlan plan_pack_qkv(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k,
                               const TensorArg& v, const TensorArg& out);
 
+// Internal variant for the Ulysses layer with grouped-query attention: q has
+// `heads` heads, k and v have `kv_heads`. Output [world_size, rows, (local_q +
+// 2 * local_kv) * head_size]: for each destination the local q heads, then
+// the local k heads, then the local v heads. When kv_heads < world_size each
+// destination gets the one kv head its q heads use (replication).
+struct PackGqaShape {
+  int64_t world_size, rows, heads, kv_heads, head_size, local_q, local_kv;
+  int64_t out_shape[3];
+};
+PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size);
+StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& shape, const TensorArg& q, const TensorArg& k,
+                                  const TensorArg& v, const TensorArg& out);
+
 }  // namespace attnprep::core

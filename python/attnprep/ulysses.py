@@ -1,0 +1,197 @@
+"""Ulysses sequence parallelism on torch.distributed.
+
+Each rank holds a shard of the sequence, ``[rows, heads, head_dim]``. The
+layer exchanges heads for sequence with ONE all_to_all_single on the input
+side (q, k and v packed together by :func:`pack_qkv_destination_major`, or
+its grouped-query variant), runs attention over the whole sequence with the
+rank's share of the heads, and exchanges back with one all_to_all_single and
+:func:`usp_merge_heads`. The result equals attention over the whole sequence
+on one device, sliced to the rank's rows.
+
+Works with NCCL on CUDA tensors and with gloo on CPU tensors (there the
+packing and merging are done with plain torch; the public ops stay CUDA-only).
+
+    import torch.distributed as dist
+    from attnprep.ulysses import UlyssesAttention
+
+    dist.init_process_group("nccl")
+    layer = UlyssesAttention(causal=True)
+    out = layer(q, k, v)          # q [rows, H, D], k/v [rows, H_kv, D] on this rank
+
+Grouped-query attention: ``H_kv`` must divide ``H`` and either be a multiple
+of the world size (each rank gets ``H_kv / W`` kv heads) or divide it (each
+rank gets the one kv head its q heads use; replicated across ranks).
+Every rank must hold the same number of rows; ``validate=True`` (the
+default) checks that with one small all_gather and raises ValueError otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .pack_qkv import pack_qkv_destination_major
+from .usp_merge_heads import usp_merge_heads
+
+Tensor = torch.Tensor
+AttnFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def sdpa(causal: bool = False, scale: Optional[float] = None) -> AttnFn:
+    """Default attention: ``[S, h, D]`` q/k/v -> ``[S, h, D]`` through
+    torch's scaled_dot_product_attention; k/v with fewer heads are repeated
+    to q's heads (grouped-query attention)."""
+
+    def attn(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if k.shape[1] != q.shape[1]:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                             v.transpose(0, 1)[None], is_causal=causal, scale=scale)
+        return out[0].transpose(0, 1)
+
+    return attn
+
+
+def _world(group) -> Tuple[int, int]:
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def _check_geometry(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
+    if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ValueError("ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, head_dim]")
+    heads, kv = q.shape[1], k.shape[1]
+    if heads % world:
+        raise ValueError("ulysses: world_size must divide the number of q heads")
+    if heads % kv or (kv % world and world % kv):
+        raise ValueError("ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size")
+
+
+def _pack_torch(q: Tensor, k: Tensor, v: Tensor, world: int) -> Tensor:
+    """The packed send buffer in plain torch (CPU tensors): [W, rows, (hq + 2 hkv) * D]."""
+    rows, heads, dim = q.shape
+    kv = k.shape[1]
+
+    def dest_major(t: Tensor) -> Tensor:
+        n = t.shape[1]
+        if n >= world:
+            return t.reshape(rows, world, n // world * dim).transpose(0, 1)
+        src = torch.arange(world, device=t.device) * n // world  # replicated kv head per destination
+        return t[:, src].transpose(0, 1)
+
+    return torch.cat([dest_major(q), dest_major(k), dest_major(v)], dim=-1).contiguous()
+
+
+def _pack(q: Tensor, k: Tensor, v: Tensor, world: int) -> Tensor:
+    """[W, rows, (local_q + 2 local_kv) * D] or, for MHA on CUDA, the public
+    [W, rows, local, 3 D] layout; both are split by _unpack."""
+    if not q.is_cuda:
+        return _pack_torch(q, k, v, world)
+    if k.shape[1] == q.shape[1]:
+        return pack_qkv_destination_major(q, k, v, world)
+    from . import _C
+
+    return _C._pack_qkv_gqa(q, k, v, world)
+
+
+def _unpack(recv: Tensor, q_heads: int, kv_heads: int, dim: int, world: int):
+    rows_total = recv.shape[0] * recv.shape[1]
+    local_q = q_heads // world
+    if recv.dim() == 4:  # public MHA layout: per head q | k | v
+        x = recv.view(rows_total, local_q, 3 * dim)
+        return x[..., :dim], x[..., dim: 2 * dim], x[..., 2 * dim:]
+    local_kv = kv_heads // world if kv_heads >= world else 1
+    x = recv.view(rows_total, local_q + 2 * local_kv, dim)
+    return x[:, :local_q], x[:, local_q: local_q + local_kv], x[:, local_q + local_kv:]
+
+
+def _merge(x: Tensor) -> Tensor:
+    """[W, rows, h, D] received per head group -> [rows, W * h, D]."""
+    world, rows, h, dim = x.shape
+    if x.is_cuda:
+        return usp_merge_heads(x.view(world, rows, 1, h, dim)).view(rows, world * h, dim)
+    return x.permute(1, 0, 2, 3).reshape(rows, world * h, dim)
+
+
+def _validate_rows(q: Tensor, group) -> None:
+    world, _ = _world(group)
+    mine = torch.tensor([q.shape[0]], dtype=torch.int64, device=q.device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    counts = [int(t.item()) for t in every]
+    if len(set(counts)) != 1:
+        raise ValueError(f"ulysses: every rank must hold the same number of rows, got {counts}")
+
+
+class _Pending:
+    """A started exchange: wait() finishes it and returns its result."""
+
+    def __init__(self, work, finish):
+        self._work, self._finish = work, finish
+
+    def wait(self):
+        if self._work is not None:
+            self._work.wait()
+        return self._finish()
+
+
+def scatter_heads(q: Tensor, k: Tensor, v: Tensor, group=None, async_op: bool = False, validate: bool = True):
+    """Input side: the local sequence shard of all heads -> the whole sequence
+    of this rank's heads, with one all_to_all_single.
+
+    Returns ``(q, k, v)`` each ``[W * rows, local_heads, D]`` (views of one
+    receive buffer), or with ``async_op=True`` an object whose ``wait()``
+    returns them, so independent work can overlap the exchange."""
+    world, _ = _world(group)
+    _check_geometry(q, k, v, world)
+    if validate:
+        _validate_rows(q, group)
+    packed = _pack(q, k, v, world)
+    recv = torch.empty_like(packed)
+    work = dist.all_to_all_single(recv, packed, group=group, async_op=async_op) if world > 1 else None
+    if world == 1:
+        recv = packed
+    finish = lambda: _unpack(recv, q.shape[1], k.shape[1], q.shape[2], world)  # noqa: E731
+    return _Pending(work, finish) if async_op else finish()
+
+
+def gather_heads(out: Tensor, group=None, async_op: bool = False):
+    """Output side: ``[W * rows, local_heads, D]`` attention output of this
+    rank's heads -> ``[rows, heads, D]`` for the local shard, with one
+    all_to_all_single and usp_merge_heads."""
+    world, _ = _world(group)
+    total, h, dim = out.shape
+    send = out.reshape(world, total // world, h, dim).contiguous()
+    recv = torch.empty_like(send)
+    work = dist.all_to_all_single(recv, send, group=group, async_op=async_op) if world > 1 else None
+    if world == 1:
+        recv = send
+    finish = lambda: _merge(recv)  # noqa: E731
+    return _Pending(work, finish) if async_op else finish()
+
+
+def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, attn_fn: Optional[AttnFn] = None,
+                      causal: bool = False, validate: bool = True) -> Tensor:
+    """Attention over the whole sequence for this rank's shard.
+
+    ``q`` ``[rows, H, D]``, ``k``/``v`` ``[rows, H_kv, D]`` (the local rows of
+    the sequence, in rank order). ``attn_fn(q, k, v)`` takes and returns
+    ``[S, h, D]`` (default: scaled_dot_product_attention, ``causal`` as
+    given). Returns ``[rows, H, D]``."""
+    ql, kl, vl = scatter_heads(q, k, v, group, validate=validate)
+    out = (attn_fn or sdpa(causal))(ql, kl, vl)
+    return gather_heads(out, group)
+
+
+class UlyssesAttention(torch.nn.Module):
+    """Module form of :func:`ulysses_attention`."""
+
+    def __init__(self, group=None, attn_fn: Optional[AttnFn] = None, causal: bool = False, validate: bool = True):
+        super().__init__()
+        self.group, self.attn_fn, self.causal, self.validate = group, attn_fn, causal, validate
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return ulysses_attention(q, k, v, self.group, self.attn_fn, self.causal, self.validate)

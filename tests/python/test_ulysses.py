@@ -1,0 +1,139 @@
+"""Ulysses attention on torch.distributed: gloo on CPU (world sizes 1-4) and
+NCCL with a world of one on the GPU. The layer must equal single-process
+attention over the whole sequence, for MHA and GQA."""
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from attnprep import ulysses
+from conftest import requires_cuda, same_bits
+
+
+def full_attention(q, k, v, causal):
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         is_causal=causal)
+    return out[0].transpose(0, 1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# (heads, kv_heads) per world size: MHA, kv heads split across ranks, kv heads replicated
+CASES = {
+    1: [(4, 4), (4, 2), (4, 1)],
+    2: [(4, 4), (8, 4), (8, 1)],
+    3: [(6, 6), (6, 3), (12, 1)],
+    4: [(8, 8), (8, 4), (8, 2)],
+}
+
+
+def _worker(rank, world, port, results):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        rows, dim = 5, 16
+        for heads, kv in CASES[world]:
+            for causal in (False, True):
+                g = torch.Generator().manual_seed(heads * 100 + kv)
+                q = torch.randn(world * rows, heads, dim, generator=g, dtype=torch.float64)
+                k = torch.randn(world * rows, kv, dim, generator=g, dtype=torch.float64)
+                v = torch.randn(world * rows, kv, dim, generator=g, dtype=torch.float64)
+                mine = slice(rank * rows, (rank + 1) * rows)
+                got = ulysses.UlyssesAttention(causal=causal)(q[mine], k[mine], v[mine])
+                want = full_attention(q, k, v, causal)[mine]
+                err = (got - want).abs().max().item()
+                if got.shape != want.shape or not err < 1e-12:
+                    results.put((rank, heads, kv, causal, f"error {err} shape {tuple(got.shape)}"))
+                    return
+        # the async exchange gives the same result
+        work = ulysses.scatter_heads(q[mine], k[mine], v[mine], async_op=True)
+        ql, kl, vl = work.wait()
+        out = ulysses.gather_heads(ulysses.sdpa()(ql, kl, vl), async_op=True).wait()
+        if not torch.equal(out, ulysses.ulysses_attention(q[mine], k[mine], v[mine])):
+            results.put((rank, "async", "", "", "async result differs"))
+            return
+        # uneven shards are refused on every rank
+        n = rows + (1 if rank == 0 else 0)
+        try:
+            ulysses.ulysses_attention(q[:n], k[:n], v[:n])
+        except ValueError as e:
+            if world > 1 and not str(e).startswith("ulysses: every rank must hold the same number of rows, got ["):
+                results.put((rank, "uneven", "", "", str(e)))
+                return
+        else:
+            if world > 1:
+                results.put((rank, "uneven", "", "", "no ValueError"))
+                return
+        results.put((rank, "ok"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_gloo_layer_equals_full_attention(world):
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=300) for _ in range(world)]
+    for p in procs:
+        p.join(timeout=60)
+    assert all(r[1] == "ok" for r in got), got
+
+
+def test_geometry_errors():
+    q = torch.randn(4, 6, 8)
+    for k, msg in [(torch.randn(4, 4, 8), "ulysses: kv_heads must divide the q heads, and divide or be a multiple "
+                                           "of world_size"),
+                   (torch.randn(4, 3, 4), "ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, "
+                                          "head_dim]")]:
+        with pytest.raises(ValueError) as e:
+            ulysses._check_geometry(q, k, k, 2)
+        assert str(e.value) == msg
+    with pytest.raises(ValueError) as e:
+        ulysses._check_geometry(q, q, q, 4)
+    assert str(e.value) == "ulysses: world_size must divide the number of q heads"
+
+
+@requires_cuda
+@pytest.mark.parametrize("heads,kv,world", [(8, 4, 2), (8, 8, 4), (12, 2, 4), (12, 1, 3), (8, 2, 8), (32, 8, 8)])
+@pytest.mark.parametrize("rows", [1, 17, 65])
+def test_gqa_pack_kernel_matches_torch(heads, kv, world, rows):
+    from attnprep import _C
+
+    qkv = torch.randn(rows, (heads + 2 * kv) * 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.split([heads * 128, kv * 128, kv * 128], dim=1)
+    q, k, v = q.view(rows, heads, 128), k.view(rows, kv, 128), v.view(rows, kv, 128)
+    got = _C._pack_qkv_gqa(q, k, v, world)
+    want = ulysses._pack_torch(q, k, v, world)
+    assert same_bits(got, want)
+
+
+@requires_cuda
+@pytest.mark.parametrize("heads,kv", [(8, 8), (8, 2), (8, 1)])
+def test_nccl_world_of_one(heads, kv):
+    if not dist.is_nccl_available():
+        pytest.skip("no NCCL")
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", torch.cuda.current_device()))
+    try:
+        q = torch.randn(65, heads, 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(65, kv, 64, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(65, kv, 64, device="cuda", dtype=torch.bfloat16)
+        got = ulysses.ulysses_attention(q, k, v, causal=True)
+        want = full_attention(q, k, v, causal=True)
+        assert torch.equal(got, want)  # same kernels on the same data: identical
+    finally:
+        dist.destroy_process_group()
