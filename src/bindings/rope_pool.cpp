@@ -98,17 +98,19 @@ void rope_pool_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positi
                    rotary_dim, is_neox, cos_sin_cache, inplace);
 }
 
-// The kernel parameters as bytes, for the Metal dispatcher and for tests
-// that compare them with what the emulator feeds the kernel.
-nb::bytes rope_pool_params(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
-                           nb::handle k_pool, nb::handle v_pool, int64_t head_dim, int64_t num_qo_heads,
-                           int64_t num_kv_heads, double rope_base, int64_t rotary_dim, bool is_neox,
-                           nb::handle cos_sin_cache, nb::handle q_rot, nb::handle k_rot) {
+// The Metal dispatch (parameter block as bytes, threadgroups, threads per
+// group) for checked arguments and the given outputs: python/attnprep/metal.py
+// runs the kernel on torch's MPS stream with exactly these.
+nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
+                               nb::handle k_pool, nb::handle v_pool, int64_t head_dim, int64_t num_qo_heads,
+                               int64_t num_kv_heads, double rope_base, int64_t rotary_dim, bool is_neox,
+                               nb::handle cos_sin_cache, bool inplace, nb::handle q_rot, nb::handle k_rot) {
   Imported in = import_and_check(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-                                 rope_base, rotary_dim, is_neox, cos_sin_cache, false);
+                                 rope_base, rotary_dim, is_neox, cos_sin_cache, inplace);
   const core::TensorArg qo = import_tensor(q_rot, "q_rot").arg, ko = import_tensor(k_rot, "k_rot").arg;
-  const RopePoolParams p = core::make_rope_pool_params(in.args, qo, ko);
-  return nb::bytes(reinterpret_cast<const char*>(&p), sizeof(p));
+  const core::MetalDispatch d = core::plan_rope_pool_metal(in.args, qo, ko);
+  return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(&d.params), sizeof(d.params)), d.threadgroups,
+                        d.threads_per_group);
 }
 
 }  // namespace
@@ -124,11 +126,11 @@ void init_rope_pool(nb::module_& m) {
         nb::arg("num_kv_heads"), nb::arg("rope_base"), nb::arg("rotary_dim") = -1, nb::arg("is_neox") = true,
         nb::arg("cos_sin_cache").none() = nb::none(), nb::arg("inplace") = false,
         "Runs rope_pool_fused's checks only (ValueError on failure).");
-  m.def("rope_pool_params", &rope_pool_params, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("positions"),
-        nb::arg("slots"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("head_dim"), nb::arg("num_qo_heads"),
-        nb::arg("num_kv_heads"), nb::arg("rope_base"), nb::arg("rotary_dim"), nb::arg("is_neox"),
-        nb::arg("cos_sin_cache").none(), nb::arg("q_rot"), nb::arg("k_rot"),
-        "RopePoolParams (bytes) for checked arguments and the given outputs.");
+  m.def("rope_pool_metal_plan", &rope_pool_metal_plan, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("positions"), nb::arg("slots"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("head_dim"),
+        nb::arg("num_qo_heads"), nb::arg("num_kv_heads"), nb::arg("rope_base"), nb::arg("rotary_dim"),
+        nb::arg("is_neox"), nb::arg("cos_sin_cache").none(), nb::arg("inplace"), nb::arg("q_rot"), nb::arg("k_rot"),
+        "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
   m.attr("ROPE_POOL_PARAMS_SIZE") = sizeof(RopePoolParams);
 }
 

@@ -136,4 +136,13 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   return p;
 }
 
+MetalDispatch plan_rope_pool_metal(const RopePoolArgs& a, const TensorArg& q_rot, const TensorArg& k_rot) {
+  MetalDispatch d;
+  // The Metal kernel moves one element at a time and ignores `width`.
+  d.params = make_rope_pool_params(a, q_rot, k_rot, /*vector_bytes=*/16);
+  d.threadgroups = a.q.size(0);
+  d.threads_per_group = 128;
+  return d;
+}
+
 }  // namespace attnprep::core

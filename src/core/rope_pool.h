@@ -38,6 +38,16 @@ std::vector<float> rope_inv_freq(double base, int64_t rotary_dim);
 RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_rot, const TensorArg& k_rot,
                                      int vector_bytes = 16);
 
+// How the Metal kernel (src/metal/rope_pool.metal) is dispatched: one
+// threadgroup per token. Built here, once, for the MPS dispatcher
+// (python/attnprep/metal.py through the binding) and for the Linux emulation.
+struct MetalDispatch {
+  RopePoolParams params;
+  int64_t threadgroups;
+  int32_t threads_per_group;
+};
+MetalDispatch plan_rope_pool_metal(const RopePoolArgs& a, const TensorArg& q_rot, const TensorArg& k_rot);
+
 // Work items of one token: num_qo_heads + num_kv_heads heads to rotate, then
 // num_kv_heads heads of v to copy.
 inline int64_t rope_items_per_token(const RopePoolParams& p) {

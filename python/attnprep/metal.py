@@ -1,0 +1,55 @@
+"""rope_pool_fused on Apple GPUs, on torch's own MPS stream.
+
+The kernel is src/metal/rope_pool.metal (shipped in the package as
+attnprep/metal/). It runs through torch's shader-library API
+(``torch.mps.compile_shader``), so it is ordered with torch's other MPS work
+and needs no synchronisation. The source is compiled once per process and
+cached. macOS builds also compile the same source ahead of time into
+attnprep.metallib (with -Werror, so a wheel never ships a kernel that does
+not compile); no released torch can load a metallib through a public API, so
+the shipped source is what runs.
+
+Validation, the parameter block and the grid come from C++
+(``_C.rope_pool_metal_plan``: the same checks and messages as CUDA).
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import torch
+
+from . import _C
+
+_KERNELS = {torch.float16: "rope_pool_half", torch.bfloat16: "rope_pool_bfloat", torch.float32: "rope_pool_float"}
+
+
+def source() -> str:
+    """The kernel source with its parameter header inlined (one compile unit)."""
+    here = resources.files("attnprep") / "metal"
+    text = (here / "rope_pool.metal").read_text()
+    header = (here / "rope_pool_params.h").read_text()
+    return text.replace('#include "rope_pool_params.h"', header)
+
+
+@functools.lru_cache(maxsize=None)
+def _library():
+    return torch.mps.compile_shader(source())
+
+
+def rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base,
+                    rotary_dim, is_neox, cos_sin_cache, inplace):
+    q_rot = q if inplace else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_rot = k if inplace else torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    params, groups, threads = _C.rope_pool_metal_plan(q, k, v, positions, slots, k_pool, v_pool, head_dim,
+                                                      num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox,
+                                                      cos_sin_cache, inplace, q_rot, k_rot)
+    if groups:
+        block = torch.frombuffer(bytearray(params), dtype=torch.uint8).to(q.device)
+        # without a table the kernel never reads it; any buffer fills the slot
+        cache = cos_sin_cache if cos_sin_cache is not None else positions
+        kernel = getattr(_library(), _KERNELS[q.dtype])
+        kernel(q, k, v, q_rot, k_rot, k_pool, v_pool, positions, slots, cache, cache, block,
+               threads=groups * threads, group_size=threads)
+    return q_rot, k_rot, k_pool, v_pool

@@ -1,0 +1,140 @@
+// Fused RoPE + KV-pool write for Apple GPUs (SPEC.md section 3), the same
+// semantics as src/cuda/rope_pool.cu. One threadgroup per token: the group
+// computes the token's cos/sin table (rotary_dim / 2 entries, shared by every
+// head) into threadgroup memory, then its threads walk the token's work: each
+// rotation pair of each q and k head, the pass-through elements of a partial
+// rotary, and the v elements; rotated k and raw v go to the pools when the
+// slot is in [0, pool_size).
+//
+// Written in the subset of MSL that is also C++, so that tests/metal compiles
+// this unchanged file on Linux and runs it over its dispatch grid.
+#include <metal_stdlib>
+
+#include "rope_pool_params.h"
+
+using namespace metal;
+
+// positions/slots arrive as 32-bit words; an int64 entry is two words, low first.
+inline long rope_read_index(device const int* words, long i, int is64) {
+  if (is64 != 0) return long(uint(words[2 * i])) | (long(words[2 * i + 1]) << 32);
+  return long(words[i]);
+}
+
+inline float rope_cache_value(device const float* cache32, device const ushort* cache16, int is_bf16, long i) {
+  if (is_bf16 != 0) return as_type<float>(uint(cache16[i]) << 16);
+  return cache32[i];
+}
+
+template <typename T>
+inline void rope_store(device T* base, long i, float value) {
+  base[i] = T(value);
+}
+
+template <typename T>
+kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffer(1)]],
+                      device const T* v [[buffer(2)]], device T* q_rot [[buffer(3)]],
+                      device T* k_rot [[buffer(4)]], device T* k_pool [[buffer(5)]],
+                      device T* v_pool [[buffer(6)]], device const int* positions [[buffer(7)]],
+                      device const int* slots [[buffer(8)]], device const float* cache32 [[buffer(9)]],
+                      device const ushort* cache16 [[buffer(10)]], constant RopePoolParams& p [[buffer(11)]],
+                      uint group [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]],
+                      uint nthreads [[threads_per_threadgroup]]) {
+  threadgroup float cos_t[ATTNPREP_ROPE_MAX_HALF];
+  threadgroup float sin_t[ATTNPREP_ROPE_MAX_HALF];
+  // A padded grid may hold more groups than tokens: such a group leaves as a
+  // whole, before any barrier.
+  if (long(group) >= p.num_tokens) return;
+  const long t = long(group);
+  const int half_rot = p.rotary_dim / 2;
+  const long pos = rope_read_index(positions, t, p.positions_int64);
+  const long slot = rope_read_index(slots, t, p.slots_int64);
+  const bool pos_ok = p.use_cache == 0 || (pos >= 0 && pos < p.cache_len);
+  const bool write_pool = pos_ok && slot >= 0 && slot < p.pool_size;
+
+  for (int i = int(lid); i < half_rot; i += int(nthreads)) {
+    float c;
+    float s;
+    if (p.use_cache == 0) {
+      // float32 angle; precise trig (never the fast variants: angles reach 1e6 rad)
+      const float angle = float(pos) * p.inv_freq[i];
+      c = precise::cos(angle);
+      s = precise::sin(angle);
+    } else if (pos_ok) {
+      c = rope_cache_value(cache32, cache16, p.cache_bf16, pos * p.cache_stride + i);
+      s = rope_cache_value(cache32, cache16, p.cache_bf16, pos * p.cache_stride + half_rot + i);
+    } else {
+      c = as_type<float>(0x7fc00000u);
+      s = c;
+    }
+    cos_t[i] = c;
+    sin_t[i] = s;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  const int D = p.head_dim;
+  const int pass = D - p.rotary_dim;
+  const int per_qk_head = half_rot + pass;  // rotation pairs + passed-through elements
+  const long n_qk = long(p.num_qo_heads + p.num_kv_heads) * per_qk_head;
+  const long n_all = n_qk + long(p.num_kv_heads) * D;
+  for (long item = long(lid); item < n_all; item += long(nthreads)) {
+    if (item >= n_qk) {  // one element of v, into the pool
+      if (!write_pool) continue;
+      const long r = item - n_qk;
+      const long h = r / D;
+      const long e = r - h * D;
+      const float x = float(v[t * p.v_stride_token + h * p.v_stride_head + e]);
+      rope_store(v_pool, slot * p.vp_stride_slot + h * p.vp_stride_head + e, x);
+      continue;
+    }
+    long h = item / per_qk_head;
+    const int sub = int(item - h * per_qk_head);
+    const bool is_q = h < p.num_qo_heads;
+    if (!is_q) h -= p.num_qo_heads;
+    const long src = is_q ? t * p.q_stride_token + h * p.q_stride_head : t * p.k_stride_token + h * p.k_stride_head;
+    const long dst = is_q ? t * p.qo_stride_token + h * p.qo_stride_head : t * p.ko_stride_token + h * p.ko_stride_head;
+    const long pool = slot * p.kp_stride_slot + h * p.kp_stride_head;
+    device const T* in = is_q ? q : k;
+    device T* out = is_q ? q_rot : k_rot;
+    const bool to_pool = !is_q && write_pool;
+    if (sub >= half_rot) {  // pass-through
+      const int e = p.rotary_dim + (sub - half_rot);
+      const float x = float(in[src + e]);
+      rope_store(out, dst + e, x);
+      if (to_pool) rope_store(k_pool, pool + e, x);
+      continue;
+    }
+    const int e1 = p.is_neox != 0 ? sub : 2 * sub;
+    const int e2 = p.is_neox != 0 ? sub + half_rot : 2 * sub + 1;
+    const float a = float(in[src + e1]);
+    const float b = float(in[src + e2]);
+    const float c = cos_t[sub];
+    const float s = sin_t[sub];
+    const float r1 = a * c - b * s;
+    const float r2 = b * c + a * s;
+    rope_store(out, dst + e1, r1);
+    rope_store(out, dst + e2, r2);
+    if (to_pool) {
+      rope_store(k_pool, pool + e1, r1);
+      rope_store(k_pool, pool + e2, r2);
+    }
+  }
+}
+
+// Stable names, one per dtype: rope_pool_half, rope_pool_bfloat, rope_pool_float.
+// (The Linux test shim, where [[host_name]] is no C++, defines ATTNPREP_HOST_NAME away.)
+#ifndef ATTNPREP_HOST_NAME
+#define ATTNPREP_HOST_NAME(name) [[host_name(name)]]
+#endif
+#define ATTNPREP_ROPE_POOL_INSTANCE(T)                                                                       \
+  template ATTNPREP_HOST_NAME("rope_pool_" #T) kernel void rope_pool<T>(                                         \
+      device const T* q [[buffer(0)]], device const T* k [[buffer(1)]], device const T* v [[buffer(2)]],     \
+      device T* q_rot [[buffer(3)]], device T* k_rot [[buffer(4)]], device T* k_pool [[buffer(5)]],          \
+      device T* v_pool [[buffer(6)]], device const int* positions [[buffer(7)]],                             \
+      device const int* slots [[buffer(8)]], device const float* cache32 [[buffer(9)]],                     \
+      device const ushort* cache16 [[buffer(10)]], constant RopePoolParams& p [[buffer(11)]],                \
+      uint group [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]],             \
+      uint nthreads [[threads_per_threadgroup]]);
+
+ATTNPREP_ROPE_POOL_INSTANCE(half)
+ATTNPREP_ROPE_POOL_INSTANCE(bfloat)
+ATTNPREP_ROPE_POOL_INSTANCE(float)

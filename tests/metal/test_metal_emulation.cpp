@@ -1,0 +1,340 @@
+// src/metal/rope_pool.metal, unchanged, compiled as C++ and run over its
+// dispatch grid by the emulator, against the CPU reference: f16/bf16/f32,
+// head_dim 64/128/256, GQA and MHA, partial rotary, GPT-J, cos_sin_cache,
+// slots -1 and out of range, duplicate slots reported as write conflicts, a
+// padded grid, and the parameter block equal to the dispatcher's.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "check.h"
+#include "core/rope_pool.h"
+#include "cpu/float_bits.h"
+#include "cpu/rope_pool_reference.h"
+#include "tensor_builder.h"
+
+// The shim's address-space macros (device, constant, ...) would clash with
+// names in the headers above, so the emulator and the kernel come last.
+#include "emulator.h"
+#include "rope_pool.metal"  // the kernel under test, unchanged
+#undef device
+#undef constant
+#undef threadgroup
+#undef kernel
+
+using namespace attnprep;
+using core::DType;
+using core::TensorArg;
+using emu::Tracked;
+
+namespace {
+
+const core::Device mps{core::DeviceType::MPS, 0};
+
+float bits_value(DType dt, const unsigned char* p) {
+  uint16_t h;
+  float f;
+  switch (dt) {
+    case DType::Float16: std::memcpy(&h, p, 2); return cpu::half_to_float(h);
+    case DType::BFloat16: std::memcpy(&h, p, 2); return cpu::bf16_to_float(h);
+    default: std::memcpy(&f, p, 4); return f;
+  }
+}
+
+// A host tensor: raw bits (read by the reference) and the emulator's Tracked
+// copy (read and written by the kernel), same layout.
+template <typename E>
+struct Buffer {
+  TensorArg arg;
+  test::HostBuffer raw;
+  std::vector<Tracked<E>> dev;
+
+  size_t size = 0;  // elements of the tensor; dev has `guard` more after them
+
+  void make(std::initializer_list<int64_t> shape, DType dt, uint32_t seed, std::initializer_list<int64_t> strides = {},
+            size_t guard = 0) {
+    arg = test::make(shape, dt, mps, strides);
+    raw.attach(arg, seed);
+    // replace random bits by random finite values of the dtype
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    const size_t n = (raw.bytes.size() - 16) / arg.itemsize;
+    for (size_t i = 0; i < n; ++i) {
+      unsigned char* p = raw.bytes.data() + i * arg.itemsize;
+      const float x = normal(rng);
+      if (dt == DType::Float16) { const uint16_t b = cpu::float_to_half(x); std::memcpy(p, &b, 2); }
+      else if (dt == DType::BFloat16) { const uint16_t b = cpu::float_to_bf16(x); std::memcpy(p, &b, 2); }
+      else std::memcpy(p, &x, 4);
+    }
+    size = n;
+    dev.resize(n + guard);  // a guard region after the tensor: any store there is out of bounds
+    for (size_t i = 0; i < n; ++i) std::memcpy(&dev[i].value, raw.bytes.data() + i * arg.itemsize, arg.itemsize);
+  }
+  bool guard_untouched() const {
+    for (size_t i = size; i < dev.size(); ++i)
+      if (dev[i].writer.load() >= 0) return false;
+    return true;
+  }
+  float at(int64_t off) const { return static_cast<float>(dev[static_cast<size_t>(off)]); }
+  bool written(int64_t off) const { return dev[static_cast<size_t>(off)].writer.load() >= 0; }
+};
+
+struct Case {
+  DType dtype = DType::BFloat16;
+  int64_t T = 17, hq = 8, hkv = 2, D = 64, rot = -1, pool = 40, pool_pad = 0;
+  bool neox = true, cache = false, cache_bf16 = false, inplace = false, duplicate_slot = false;
+  int64_t pad_groups = 0;
+  int threads = 32;
+};
+
+double ulp_bound(DType dt, double ref, double partner) {
+  const double f32 = 8 * std::ldexp(1.0, -24) * partner;
+  if (dt == DType::Float32) return f32 + 8 * std::ldexp(1.0, -24) * std::fabs(ref);
+  const int mant = dt == DType::Float16 ? 10 : 7;
+  const double tiny = dt == DType::Float16 ? 6.103515625e-05 : 1.1754943508222875e-38;
+  const double e = std::floor(std::log2(std::max(std::fabs(ref), tiny)));
+  return std::ldexp(1.0, static_cast<int>(e) - mant) + f32;
+}
+
+template <typename E>
+void run_case(const Case& c, uint32_t seed) {
+  using Elem = Tracked<E>;
+  const DType dt = c.dtype;
+  constexpr DType elem_dtype = std::is_same_v<E, half> ? DType::Float16
+                               : std::is_same_v<E, bfloat> ? DType::BFloat16 : DType::Float32;
+  if (dt != elem_dtype) {
+    test::fail(__FILE__, __LINE__, "case dtype does not match the kernel's element type");
+    return;
+  }
+  Buffer<E> q, k, v, kp, vp, qo, ko;
+  q.make({c.T, c.hq, c.D}, dt, seed);
+  k.make({c.T, c.hkv, c.D}, dt, seed + 1, {c.hkv * c.D * 2, c.D, 1});  // every other row of a larger buffer
+  v.make({c.T, c.hkv, c.D}, dt, seed + 2);
+  const int64_t prow = c.hkv * c.D + c.pool_pad;
+  // slots up to pool + T occur: a guard of that many rows catches any store past the pool
+  const size_t guard = static_cast<size_t>((c.T + 8) * prow);
+  kp.make({c.pool, c.hkv, c.D}, dt, seed + 3, {prow, c.D, 1}, guard);
+  vp.make({c.pool, c.hkv, c.D}, dt, seed + 4, {prow, c.D, 1}, guard);
+  qo.make({c.T, c.hq, c.D}, dt, seed + 5);
+  ko.make({c.T, c.hkv, c.D}, dt, seed + 6);
+
+  core::RopePoolArgs a;
+  a.q = q.arg;
+  a.k = k.arg;
+  a.v = v.arg;
+  a.k_pool = kp.arg;
+  a.v_pool = vp.arg;
+  a.head_dim = c.D;
+  a.num_qo_heads = c.hq;
+  a.num_kv_heads = c.hkv;
+  a.rotary_dim = c.rot;
+  a.is_neox = c.neox;
+  a.rope_base = 10000.0;
+  a.inplace = c.inplace;
+  // positions int64, slots int32: some negative, some past the pool
+  std::vector<int64_t> positions(static_cast<size_t>(c.T));
+  std::vector<int32_t> slots(static_cast<size_t>(c.T));
+  std::mt19937 rng(seed);
+  std::vector<int32_t> perm(static_cast<size_t>(c.pool));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const int64_t max_pos = c.cache ? 300 : (1 << 20);
+  for (int64_t t = 0; t < c.T; ++t) {
+    positions[t] = static_cast<int64_t>(rng() % max_pos);
+    slots[t] = perm[static_cast<size_t>(t)];
+    if (t % 5 == 1) slots[t] = -1;
+    if (t % 7 == 3) slots[t] = static_cast<int32_t>(c.pool + t);
+  }
+  if (c.duplicate_slot && c.T > 4) slots[4] = slots[0] = 7;
+  a.positions = test::make({c.T}, DType::Int64, mps);
+  a.positions.data = positions.data();
+  a.slots = test::make({c.T}, DType::Int32, mps);
+  a.slots.data = slots.data();
+  Buffer<float> cache32;
+  std::vector<uint16_t> cache16;
+  const int64_t rot = c.rot < 0 ? c.D : c.rot;
+  if (c.cache) {
+    cache32.make({300, rot}, DType::Float32, seed + 7);
+    auto* f = reinterpret_cast<float*>(cache32.raw.bytes.data());
+    for (int64_t p = 0; p < 300; ++p)
+      for (int64_t i = 0; i < rot / 2; ++i) {  // a scaled table: not what rope_base would give
+        const double ang = p * std::pow(500000.0, -2.0 * i / rot) / 8.0;
+        f[p * rot + i] = static_cast<float>(std::cos(ang));
+        f[p * rot + rot / 2 + i] = static_cast<float>(std::sin(ang));
+      }
+    a.has_cache = true;
+    a.cos_sin_cache = cache32.arg;
+    if (c.cache_bf16) {
+      cache16.resize(static_cast<size_t>(300 * rot));
+      for (size_t i = 0; i < cache16.size(); ++i) cache16[i] = cpu::float_to_bf16(f[i]);
+      a.cos_sin_cache = test::make({300, rot}, DType::BFloat16, mps);
+      a.cos_sin_cache.data = cache16.data();
+    }
+  }
+  core::check_rope_pool(a);
+  const TensorArg& q_rot_arg = c.inplace ? q.arg : qo.arg;
+  const TensorArg& k_rot_arg = c.inplace ? k.arg : ko.arg;
+  const core::MetalDispatch plan = core::plan_rope_pool_metal(a, q_rot_arg, k_rot_arg);
+
+  const auto ref = cpu::rope_pool_reference(a);  // before the kernel: inplace overwrites q/k
+  std::vector<float> cache_as_f32(c.cache && !c.cache_bf16 ? 300 * rot : 1);
+  if (c.cache && !c.cache_bf16)
+    std::memcpy(cache_as_f32.data(), cache32.raw.bytes.data(), cache_as_f32.size() * 4);
+
+  emu::write_conflicts = 0;
+  RopePoolParams fed = plan.params;  // what the emulator hands the kernel
+  Elem* q_out = c.inplace ? q.dev.data() : qo.dev.data();
+  Elem* k_out = c.inplace ? k.dev.data() : ko.dev.data();
+  emu::dispatch(plan.threadgroups + c.pad_groups, c.threads, seed, [&](uint g, uint lane, uint n) {
+    rope_pool<Elem>(q.dev.data(), k.dev.data(), v.dev.data(), q_out, k_out, kp.dev.data(), vp.dev.data(),
+                    reinterpret_cast<const int*>(positions.data()), reinterpret_cast<const int*>(slots.data()),
+                    cache_as_f32.data(), cache16.empty() ? nullptr : cache16.data(), fed, g, lane, n);
+  });
+  CHECK(std::memcmp(&fed, &plan.params, sizeof(fed)) == 0);
+
+  const std::string what = std::string(core::dtype_name(dt)) + " T=" + std::to_string(c.T) + " D=" +
+                           std::to_string(c.D) + " rot=" + std::to_string(rot) + (c.neox ? " neox" : " gptj") +
+                           (c.cache ? " cache" : "");
+  // q_rot / k_rot against the reference
+  auto compare = [&](const std::vector<double>& want, const Elem* got, const TensorArg& layout, const TensorArg& in_arg,
+                     const test::HostBuffer& in_raw, int64_t heads) {
+    double worst = 0;
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t d = 0; d < c.D; ++d) {
+          const double w = want[static_cast<size_t>((t * heads + h) * c.D + d)];
+          const double g = static_cast<float>(got[t * layout.strides[0] + h * layout.strides[1] + d]);
+          if (std::isnan(w)) { if (!std::isnan(g)) worst = 1e9; continue; }
+          int64_t pd = d;  // the element paired with d in its rotation
+          if (d < rot) pd = c.neox ? (d < rot / 2 ? d + rot / 2 : d - rot / 2) : (d ^ 1);
+          const unsigned char* base = in_raw.bytes.data();
+          const double partner = std::fabs(bits_value(dt, base + (t * in_arg.strides[0] + h * in_arg.strides[1] + d) * in_arg.itemsize)) +
+                                 std::fabs(bits_value(dt, base + (t * in_arg.strides[0] + h * in_arg.strides[1] + pd) * in_arg.itemsize));
+          worst = std::max(worst, std::fabs(g - w) / ulp_bound(dt, w, partner));
+        }
+    return worst;
+  };
+  const double wq = compare(ref.q_rot, q_out, q_rot_arg, q.arg, q.raw, c.hq);
+  const double wk = compare(ref.k_rot, k_out, k_rot_arg, k.arg, k.raw, c.hkv);
+  if (!(wq <= 1.0 && wk <= 1.0)) test::fail(__FILE__, __LINE__, what + ": error " + std::to_string(std::max(wq, wk)) + "x bound");
+
+  // pools: the rows the reference writes hold exactly this kernel's k_rot and v; all others untouched
+  bool pools_ok = true;
+  for (int64_t s = 0; s < c.pool; ++s) {
+    const int64_t tok = ref.pool_writer[static_cast<size_t>(s)];
+    for (int64_t h = 0; h < c.hkv; ++h)
+      for (int64_t d = 0; d < c.D; ++d) {
+        const int64_t off = s * prow + h * c.D + d;
+        if (tok < 0 || (c.duplicate_slot && s == 7)) {
+          if (tok < 0) pools_ok &= !kp.written(off) && !vp.written(off);
+          continue;
+        }
+        const float kr = static_cast<float>(k_out[tok * k_rot_arg.strides[0] + h * k_rot_arg.strides[1] + d]);
+        const float vv = v.at(tok * v.arg.strides[0] + h * v.arg.strides[1] + d);
+        pools_ok &= std::memcmp(&kr, &kp.dev[static_cast<size_t>(off)], 0) == 0 &&
+                    static_cast<float>(kp.dev[static_cast<size_t>(off)]) == kr &&
+                    static_cast<float>(vp.dev[static_cast<size_t>(off)]) == vv;
+      }
+    for (int64_t e = c.hkv * c.D; e < prow && s + 1 < c.pool; ++e)  // the padding between rows: never written
+      pools_ok &= !kp.written(s * prow + e) && !vp.written(s * prow + e);
+  }
+  if (!pools_ok) test::fail(__FILE__, __LINE__, what + ": pool rows differ or were written outside the slots");
+  if (!kp.guard_untouched() || !vp.guard_untouched())
+    test::fail(__FILE__, __LINE__, what + ": a store landed past the end of a pool");
+  if (c.duplicate_slot)
+    CHECK(emu::write_conflicts.load() > 0);
+  else if (emu::write_conflicts.load() != 0)
+    test::fail(__FILE__, __LINE__, what + ": " + std::to_string(emu::write_conflicts.load()) + " write conflicts");
+}
+
+template <typename E>
+void run_matrix(DType dt, uint32_t& seed) {
+  for (int64_t D : {64, 128, 256})
+    for (auto heads : {std::pair<int64_t, int64_t>{8, 2}, {4, 4}}) {
+      Case c;
+      c.dtype = dt;
+      c.D = D;
+      c.hq = heads.first;
+      c.hkv = heads.second;
+      c.T = D == 256 ? 5 : 13;
+      run_case<E>(c, seed++);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("emulated Metal kernel: f16/bf16/f32 x head_dim 64/128/256 x GQA/MHA") {
+  uint32_t seed = 1;
+  run_matrix<half>(DType::Float16, seed);
+  run_matrix<bfloat>(DType::BFloat16, seed);
+  run_matrix<float>(DType::Float32, seed);
+}
+
+TEST_CASE("emulated Metal kernel: partial rotary, GPT-J, cos_sin_cache, inplace, row-strided pools") {
+  uint32_t seed = 100;
+  for (bool neox : {true, false})
+    for (int64_t rot : {int64_t{-1}, int64_t{32}, int64_t{6}}) {
+      Case c;
+      c.neox = neox;
+      c.rot = rot;
+      c.pool_pad = 24;
+      run_case<bfloat>(c, seed++);
+    }
+  for (bool bf16 : {false, true}) {
+    Case c;
+    c.cache = true;
+    c.cache_bf16 = bf16;
+    c.dtype = DType::Float32;
+    run_case<float>(c, seed++);
+    c.neox = false;
+    c.rot = 32;
+    run_case<float>(c, seed++);
+  }
+  Case c;
+  c.inplace = true;
+  c.dtype = DType::Float16;
+  run_case<half>(c, seed++);
+}
+
+TEST_CASE("emulated Metal kernel: padded grid, a group size of 64, duplicate slots are write conflicts") {
+  uint32_t seed = 200;
+  Case c;
+  c.pad_groups = 3;
+  run_case<bfloat>(c, seed++);
+  Case c64;
+  c64.threads = 64;
+  run_case<bfloat>(c64, seed++);
+  Case d;
+  d.duplicate_slot = true;
+  d.dtype = DType::Float16;
+  run_case<half>(d, seed++);
+}
+
+TEST_CASE("the dispatcher's parameter block: strides, flags, table") {
+  core::RopePoolArgs a;
+  a.q = test::make({4, 8, 64}, DType::Float16, mps, {12 * 64, 64, 1});
+  a.k = test::make({4, 2, 64}, DType::Float16, mps);
+  a.v = a.k;
+  a.positions = test::make({4}, DType::Int32, mps);
+  a.slots = test::make({4}, DType::Int64, mps);
+  a.k_pool = test::make({9, 2, 64}, DType::Float16, mps, {3 * 128, 64, 1});
+  a.v_pool = a.k_pool;
+  a.head_dim = 64;
+  a.num_qo_heads = 8;
+  a.num_kv_heads = 2;
+  a.rope_base = 500000.0;
+  a.is_neox = false;
+  core::check_rope_pool(a);
+  const auto d = core::plan_rope_pool_metal(a, a.q, a.k);
+  CHECK_EQ(d.threadgroups, int64_t{4});
+  CHECK_EQ(d.params.q_stride_token, int64_t{12 * 64});
+  CHECK_EQ(d.params.kp_stride_slot, int64_t{3 * 128});
+  CHECK_EQ(d.params.pool_size, int64_t{9});
+  CHECK_EQ(d.params.positions_int64, 0);
+  CHECK_EQ(d.params.slots_int64, 1);
+  CHECK_EQ(d.params.is_neox, 0);
+  CHECK_EQ(d.params.inv_freq[5], static_cast<float>(1.0 / std::pow(500000.0, 10.0 / 64)));
+}
+
+TEST_MAIN()

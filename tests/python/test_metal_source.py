@@ -1,0 +1,41 @@
+"""Strict syntax pass over the Metal source, on any machine: clang parses
+src/metal/rope_pool.metal as C++ through tests/metal/shim, with device,
+constant and threadgroup as distinct address spaces, and any diagnostic fails.
+(The emulation that runs the kernel is the ctest test_metal_emulation.)"""
+
+from pathlib import Path
+
+import clang.cindex as cindex
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = [
+    "-x", "c++", "-std=c++17", "-nostdinc", "-nostdinc++",
+    "-DATTNPREP_METAL_SYNTAX_CHECK", "-D__METAL_VERSION__=310",
+    f"-I{ROOT / 'tests/metal/shim'}", f"-I{ROOT / 'src/core'}",
+    "-Wall", "-Wextra",
+    "-Wno-unknown-attributes",  # [[buffer(0)]] and friends are Metal's, unknown to C++
+]
+
+
+def diagnostics(path: Path, text: str = None):
+    index = cindex.Index.create()
+    unsaved = [(str(path), text)] if text is not None else None
+    tu = index.parse(str(path), args=ARGS, unsaved_files=unsaved)
+    return [f"{d.location.file}:{d.location.line}: {d.spelling}" for d in tu.diagnostics]
+
+
+def test_rope_pool_metal_is_clean():
+    assert diagnostics(ROOT / "src/metal/rope_pool.metal") == []
+
+
+def test_the_pass_catches_address_space_mistakes():
+    path = ROOT / "src/metal/rope_pool.metal"
+    source = path.read_text()
+    # threadgroup memory through a plain pointer, and a device pointer into a threadgroup one
+    broken = source.replace("    cos_t[i] = c;", "    float* bad = cos_t;\n    bad[i] = c;")
+    assert broken != source
+    found = diagnostics(path, broken)
+    assert any("address_space(3)" in d for d in found), found
+    broken = source.replace("device const T* in = is_q ? q : k;", "threadgroup const T* in = is_q ? q : k;")
+    assert broken != source
+    assert diagnostics(path, broken), "a device pointer stored as threadgroup went unnoticed"
