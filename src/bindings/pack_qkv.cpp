@@ -55,6 +55,8 @@ void init_pack_qkv(nb::module_& m) {
         nb::arg("v"), nb::arg("world_size"), nb::arg("out").none() = nb::none(),
         "Pack q, k, v [rows, heads, head_size] into [world_size, rows, heads // world_size, "
         "3 * head_size] for one all_to_all_single. Returns `out` (allocated when None).");
+  m.def("_pack_qkv_gqa", &pack_qkv_gqa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("world_size"),
+        "Internal (Ulysses, GQA): [W, rows, (local_q + 2 * local_kv) * head_size].");
 }
 
 }  // namespace attnprep::bindings
