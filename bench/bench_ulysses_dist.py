@@ -1,0 +1,147 @@
+"""Ulysses attention across GPUs: correctness and the exchange's speed.
+
+    torchrun --nproc-per-node 8 bench/bench_ulysses_dist.py            # NCCL, one GPU per rank
+    python bench/bench_ulysses_dist.py --spawn 2 --backend gloo --smoke  # CPU check of the script itself
+
+1. Correctness: the layer's output on every rank equals single-device
+   attention over the whole sequence (bf16 on GPUs: max |error| <= 2e-2, the
+   spread of bf16 attention outputs of unit-variance inputs; float64 on CPU:
+   1e-12), for MHA and GQA, causal.
+2. Speed, same run: the layer's exchange -- input side: pack + one
+   all_to_all_single; output side: one all_to_all_single + usp_merge_heads --
+   against the common baseline: three permute().contiguous() + three
+   all_to_all_single in, all_to_all_single + permute().contiguous() out, at
+   (global rows, heads, head_dim) = (41984, 56, 128), (75600, 40, 128),
+   (65536, 24, 128). Median ms per exchange over 20 after 5 warm-ups, and
+   the speed-up. Rank 0 prints a table for bench/RESULTS.md.
+
+Keep NCCL_NVLS_ENABLE=0 (set below if unset): NVLink multicast stays off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from attnprep import ulysses  # noqa: E402
+
+SHAPES = [(41984, 56, 128), (75600, 40, 128), (65536, 24, 128)]
+
+
+def timed(fn, device, iters=20, warmup=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def baseline_in(q, k, v, world):
+    """Three permute().contiguous() and three all_to_all_single."""
+    outs = []
+    for t in (q, k, v):
+        rows, heads, dim = t.shape
+        send = t.reshape(rows, world, heads // world, dim).permute(1, 0, 2, 3).contiguous()
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send)
+        outs.append(recv)
+    return outs
+
+
+def baseline_out(o, world):
+    total, h, dim = o.shape
+    send = o.reshape(world, total // world, h, dim).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send)
+    return recv.permute(1, 0, 2, 3).reshape(total // world, world * h, dim).contiguous()
+
+
+def check(rank, world, device, dtype, rows, heads, kv, dim):
+    g = torch.Generator().manual_seed(heads * 1000 + kv)
+    q = torch.randn(world * rows, heads, dim, generator=g).to(dtype)
+    k = torch.randn(world * rows, kv, dim, generator=g).to(dtype)
+    v = torch.randn(world * rows, kv, dim, generator=g).to(dtype)
+    mine = slice(rank * rows, (rank + 1) * rows)
+    got = ulysses.ulysses_attention(q[mine].to(device), k[mine].to(device), v[mine].to(device), causal=True)
+    want = ulysses.sdpa(causal=True)(q.to(device), k.to(device), v.to(device))[mine]
+    err = (got.double() - want.double()).abs().max().item()
+    tol = 1e-12 if dtype == torch.float64 else 2e-2
+    return err, err <= tol
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--backend", default="nccl")
+    p.add_argument("--smoke", action="store_true", help="small shapes (script check on CPU)")
+    p.add_argument("--spawn", type=int, default=0, help="start N local processes instead of torchrun")
+    a = p.parse_args()
+    if a.spawn:
+        import torch.multiprocessing as mp
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        mp.spawn(worker, args=(a.spawn, a), nprocs=a.spawn)
+    else:
+        worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), a)
+
+
+def worker(rank, world, a):
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+    dist.init_process_group(a.backend, rank=rank, world_size=world)
+    if a.backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+        dtype = torch.bfloat16
+    else:
+        device, dtype = torch.device("cpu"), torch.float64
+    try:
+        lines = []
+        cases = [(8 * world, 8 * world), (8 * world, max(1, world // 2)), (8 * world, 2 * world)]
+        for heads, kv in cases:
+            err, ok = check(rank, world, device, dtype, 64 if a.smoke else 1024, heads, kv, 64)
+            lines.append(f"| correctness | heads {heads}, kv {kv} | max err {err:.2e} | {'ok' if ok else 'FAIL'} |")
+            assert ok, lines[-1]
+        shapes = [(64 * world, 2 * world, 16)] if a.smoke else SHAPES
+        rows_out = []
+        for rows_g, heads, dim in shapes:
+            rows = rows_g // world
+            q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype) for _ in range(3))
+            o = torch.randn(rows_g, heads // world, dim, device=device, dtype=dtype)
+            t_in = timed(lambda: ulysses.scatter_heads(q, k, v, validate=False), device)
+            t_in_base = timed(lambda: baseline_in(q, k, v, world), device)
+            t_out = timed(lambda: ulysses.gather_heads(o), device)
+            t_out_base = timed(lambda: baseline_out(o, world), device)
+            rows_out.append(f"| ({rows_g}, {heads}, {dim}) | {t_in:.3f} | {t_in_base:.3f} | {t_in_base / t_in:.2f}x | "
+                            f"{t_out:.3f} | {t_out_base:.3f} | {t_out_base / t_out:.2f}x |")
+        if rank == 0:
+            nccl = ".".join(map(str, torch.cuda.nccl.version())) if a.backend == "nccl" else "-"
+            print(f"\n### Ulysses exchange, {world} x {torch.cuda.get_device_name() if a.backend == 'nccl' else 'cpu'}"
+                  f" | torch {torch.__version__} | NCCL {nccl} | {time.strftime('%Y-%m-%d')}\n")
+            print("\n".join(lines))
+            print("\n| (global rows, heads, head_dim) | in: attnprep ms | in: 3x permute+a2a ms | in speed-up |"
+                  " out: attnprep ms | out: a2a+permute ms | out speed-up |")
+            print("|---|---|---|---|---|---|---|")
+            print("\n".join(rows_out))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
