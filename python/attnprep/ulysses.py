@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from . import _C
 from .pack_qkv import pack_qkv_destination_major
 from .usp_merge_heads import usp_merge_heads
 
@@ -61,13 +62,7 @@ def _world(group) -> Tuple[int, int]:
 
 
 def _check_geometry(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
-    if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise ValueError("ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, head_dim]")
-    heads, kv = q.shape[1], k.shape[1]
-    if heads % world:
-        raise ValueError("ulysses: world_size must divide the number of q heads")
-    if heads % kv or (kv % world and world % kv):
-        raise ValueError("ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size")
+    _C._check_ulysses_geometry(q, k, v, world)  # the messages live in src/core, once
 
 
 def _pack_torch(q: Tensor, k: Tensor, v: Tensor, world: int) -> Tensor:
@@ -92,8 +87,6 @@ def _pack(q: Tensor, k: Tensor, v: Tensor, world: int) -> Tensor:
         return _pack_torch(q, k, v, world)
     if k.shape[1] == q.shape[1]:
         return pack_qkv_destination_major(q, k, v, world)
-    from . import _C
-
     return _C._pack_qkv_gqa(q, k, v, world)
 
 

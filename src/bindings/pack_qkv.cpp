@@ -48,6 +48,11 @@ nb::object pack_qkv_gqa(nb::handle q, nb::handle k, nb::handle v, int64_t world_
   return std::move(out.tensor);
 }
 
+void check_ulysses_geometry(nb::handle q, nb::handle k, nb::handle v, int64_t world_size) {
+  core::check_ulysses_geometry(import_tensor(q, "q").arg, import_tensor(k, "k").arg, import_tensor(v, "v").arg,
+                               world_size);
+}
+
 }  // namespace
 
 void init_pack_qkv(nb::module_& m) {
@@ -57,6 +62,8 @@ void init_pack_qkv(nb::module_& m) {
         "3 * head_size] for one all_to_all_single. Returns `out` (allocated when None).");
   m.def("_pack_qkv_gqa", &pack_qkv_gqa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("world_size"),
         "Internal (Ulysses, GQA): [W, rows, (local_q + 2 * local_kv) * head_size].");
+  m.def("_check_ulysses_geometry", &check_ulysses_geometry, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("world_size"), "Internal: the Ulysses layer's head-geometry checks (any device).");
 }
 
 }  // namespace attnprep::bindings

@@ -68,19 +68,24 @@ StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const T
   return plan_strided_copy(jobs, 3);
 }
 
-PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size) {
+void check_ulysses_geometry(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size) {
   require(q.ndim == 3 && k.ndim == 3 && k.same_shape(v) && k.size(0) == q.size(0) && k.size(2) == q.size(2),
           "ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, head_dim]");
+  require(world_size >= 1 && q.size(1) % world_size == 0, "ulysses: world_size must divide the number of q heads");
+  const int64_t kv = k.size(1);
+  require(kv >= 1 && q.size(1) % kv == 0 && (kv % world_size == 0 || world_size % kv == 0),
+          "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size");
+}
+
+PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size) {
+  check_ulysses_geometry(q, k, v, world_size);
   require(q.device.type == DeviceType::CUDA && q.device == k.device && q.device == v.device,
           "ulysses: q, k and v must be on one CUDA device");
   require(q.dtype == k.dtype && q.dtype == v.dtype && q.itemsize == k.itemsize && q.itemsize == v.itemsize,
           "ulysses: q, k and v must have one dtype");
   require(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,
           "ulysses: q, k and v must be contiguous in head_dim");
-  require(world_size >= 1 && q.size(1) % world_size == 0, "ulysses: world_size must divide the number of q heads");
   const int64_t kv = k.size(1);
-  require(kv >= 1 && q.size(1) % kv == 0 && (kv % world_size == 0 || world_size % kv == 0),
-          "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size");
   PackGqaShape s{};
   s.world_size = world_size;
   s.rows = q.size(0);

@@ -36,6 +36,8 @@ struct PackGqaShape {
   int64_t world_size, rows, heads, kv_heads, head_size, local_q, local_kv;
   int64_t out_shape[3];
 };
+// The head geometry alone (any device): shared with the layer's CPU path.
+void check_ulysses_geometry(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size);
 PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size);
 StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& shape, const TensorArg& q, const TensorArg& k,
                                   const TensorArg& v, const TensorArg& out);
