@@ -131,7 +131,6 @@ void init_rope_pool(nb::module_& m) {
         nb::arg("num_qo_heads"), nb::arg("num_kv_heads"), nb::arg("rope_base"), nb::arg("rotary_dim"),
         nb::arg("is_neox"), nb::arg("cos_sin_cache").none(), nb::arg("inplace"), nb::arg("q_rot"), nb::arg("k_rot"),
         "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
-  m.attr("ROPE_POOL_PARAMS_SIZE") = sizeof(RopePoolParams);
 }
 
 }  // namespace attnprep::bindings
