@@ -13,7 +13,7 @@ wheel=$(readlink -f "$1")
 work=$(mktemp -d)
 torch_req=${ATTNPREP_TORCH:-torch==$($PY -c "import torch; print(torch.__version__.split('+')[0])")}
 $PY -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q "$torch_req" pytest hypothesis libclang
+"$work/venv/bin/python" -m pip install -q "$torch_req" pytest libclang
 "$work/venv/bin/python" -m pip install -q --no-deps "$wheel"
 cp -r tests "$work/tests"
 cp -r src "$work/src"  # the Metal syntax pass reads the kernel source
