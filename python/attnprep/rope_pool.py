@@ -96,7 +96,7 @@ def rope_pool_fused(
     args = (q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, float(rope_base), rd,
             is_neox, cos_sin_cache)
     if check_slots or (check_slots is None and _CHECK_SLOTS_ENV):
-        _C.rope_pool_check(*args, inplace)  # the documented checks come first
+        _C.rope_pool_check(*args)  # the documented checks come first
         _check_on_host(slots, k_pool.shape[0], positions, cos_sin_cache)
     if q.device.type == "mps":
         from . import metal

@@ -20,7 +20,7 @@ struct Imported {
 Imported import_and_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                           nb::handle k_pool, nb::handle v_pool, int64_t head_dim, int64_t num_qo_heads,
                           int64_t num_kv_heads, double rope_base, int64_t rotary_dim, bool is_neox,
-                          nb::handle cos_sin_cache, bool inplace) {
+                          nb::handle cos_sin_cache) {
   Imported in;
   in.q = import_tensor(q, "q");
   in.k = import_tensor(k, "k");
@@ -48,7 +48,6 @@ Imported import_and_check(nb::handle q, nb::handle k, nb::handle v, nb::handle p
   a.rope_base = rope_base;
   a.rotary_dim = rotary_dim;
   a.is_neox = is_neox;
-  a.inplace = inplace;
   core::check_rope_pool(a);
   return in;
 }
@@ -60,7 +59,7 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
                            int64_t num_kv_heads, double rope_base, int64_t rotary_dim, bool is_neox,
                            nb::handle cos_sin_cache, bool inplace) {
   Imported in = import_and_check(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-                                 rope_base, rotary_dim, is_neox, cos_sin_cache, inplace);
+                                 rope_base, rotary_dim, is_neox, cos_sin_cache);
   const core::RopePoolArgs& a = in.args;
   if (a.q.device.type != core::DeviceType::CUDA)
     throw std::runtime_error("rope_pool_fused: MPS tensors are dispatched by attnprep.metal, not this function");
@@ -93,9 +92,9 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
 void rope_pool_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                      nb::handle k_pool, nb::handle v_pool, int64_t head_dim, int64_t num_qo_heads,
                      int64_t num_kv_heads, double rope_base, int64_t rotary_dim, bool is_neox,
-                     nb::handle cos_sin_cache, bool inplace) {
+                     nb::handle cos_sin_cache) {
   import_and_check(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base,
-                   rotary_dim, is_neox, cos_sin_cache, inplace);
+                   rotary_dim, is_neox, cos_sin_cache);
 }
 
 // The Metal dispatch (parameter block as bytes, threadgroups, threads per
@@ -104,9 +103,9 @@ void rope_pool_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positi
 nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                                nb::handle k_pool, nb::handle v_pool, int64_t head_dim, int64_t num_qo_heads,
                                int64_t num_kv_heads, double rope_base, int64_t rotary_dim, bool is_neox,
-                               nb::handle cos_sin_cache, bool inplace, nb::handle q_rot, nb::handle k_rot) {
+                               nb::handle cos_sin_cache, nb::handle q_rot, nb::handle k_rot) {
   Imported in = import_and_check(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-                                 rope_base, rotary_dim, is_neox, cos_sin_cache, inplace);
+                                 rope_base, rotary_dim, is_neox, cos_sin_cache);
   const core::TensorArg qo = import_tensor(q_rot, "q_rot").arg, ko = import_tensor(k_rot, "k_rot").arg;
   const core::MetalDispatch d = core::plan_rope_pool_metal(in.args, qo, ko);
   return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(&d.params), sizeof(d.params)), d.threadgroups,
@@ -124,12 +123,12 @@ void init_rope_pool(nb::module_& m) {
   m.def("rope_pool_check", &rope_pool_check, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("positions"),
         nb::arg("slots"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("head_dim"), nb::arg("num_qo_heads"),
         nb::arg("num_kv_heads"), nb::arg("rope_base"), nb::arg("rotary_dim") = -1, nb::arg("is_neox") = true,
-        nb::arg("cos_sin_cache").none() = nb::none(), nb::arg("inplace") = false,
+        nb::arg("cos_sin_cache").none() = nb::none(),
         "Runs rope_pool_fused's checks only (ValueError on failure).");
   m.def("rope_pool_metal_plan", &rope_pool_metal_plan, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("positions"), nb::arg("slots"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("head_dim"),
         nb::arg("num_qo_heads"), nb::arg("num_kv_heads"), nb::arg("rope_base"), nb::arg("rotary_dim"),
-        nb::arg("is_neox"), nb::arg("cos_sin_cache").none(), nb::arg("inplace"), nb::arg("q_rot"), nb::arg("k_rot"),
+        nb::arg("is_neox"), nb::arg("cos_sin_cache").none(), nb::arg("q_rot"), nb::arg("k_rot"),
         "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
 }
 

@@ -19,7 +19,6 @@ struct RopePoolArgs {
   double rope_base = 10000.0;
   int64_t rotary_dim = -1;      // -1: head_dim
   bool is_neox = true;
-  bool inplace = false;
 
   int64_t rot() const { return rotary_dim < 0 ? head_dim : rotary_dim; }
 };

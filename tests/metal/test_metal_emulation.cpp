@@ -131,7 +131,6 @@ void run_case(const Case& c, uint32_t seed) {
   a.rotary_dim = c.rot;
   a.is_neox = c.neox;
   a.rope_base = 10000.0;
-  a.inplace = c.inplace;
   // positions int64, slots int32: some negative, some past the pool
   std::vector<int64_t> positions(static_cast<size_t>(c.T));
   std::vector<int32_t> slots(static_cast<size_t>(c.T));
