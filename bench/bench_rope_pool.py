@@ -58,7 +58,7 @@ def case(T, g):
     return q, k, v, positions, slots
 
 
-def run(quick: bool = False, ts=None):
+def run(quick: bool = False, ts=None, peers: bool = True):
     iters = 10 if quick else 50
     g = torch.Generator(device="cuda").manual_seed(0)
     k_pool = torch.randn(POOL, HKV, D, device="cuda", dtype=torch.bfloat16)
@@ -76,14 +76,17 @@ def run(quick: bool = False, ts=None):
             err = ((q_rot.float() - ref_q.float()).abs().max() / ref_q.float().abs().max()).item()
             assert err < 2e-2, f"q_rot differs from the plain-PyTorch composition by {err}"
         t = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets], iters)
-        te = common.median_ms([lambda s=s: torch_rope_pool(*s, k_pool, v_pool, freqs) for s in sets], iters)
-        tc = common.median_ms([lambda s=s: compiled(*s, k_pool, v_pool, freqs) for s in sets], iters)
+        te = tc = float("nan")
+        if peers:
+            te = common.median_ms([lambda s=s: torch_rope_pool(*s, k_pool, v_pool, freqs) for s in sets], iters)
+            tc = common.median_ms([lambda s=s: compiled(*s, k_pool, v_pool, freqs) for s in sets], iters)
         tcopy = common.copy_ms(nbytes // 2, iters)
         graph = graph_c = float("nan")
         if T <= 512:
             s = sets[0]
             graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
-            graph_c = common.graph_replay_us(lambda: compiled(*s, k_pool, v_pool, freqs))
+            if peers:
+                graph_c = common.graph_replay_us(lambda: compiled(*s, k_pool, v_pool, freqs))
         rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, tc * 1e3, 100 * tcopy / tc,
                      graph_c, te * 1e3, tc / t])
     common.print_table(
@@ -96,5 +99,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
     p.add_argument("--ts", type=lambda s: [int(x) for x in s.split(",")], help="token counts, e.g. 1,128,8192")
+    p.add_argument("--no-peers", action="store_true", help="attnprep only (tuning runs)")
     a = p.parse_args()
-    run(a.quick, a.ts)
+    run(a.quick, a.ts, not a.no_peers)

@@ -6,17 +6,29 @@
 # The venv's torch: ATTNPREP_TORCH (default: the torch release of the
 # interpreter that runs this script, so one wheel is checked against
 # whichever torch each machine has).
+# ATTNPREP_CHECK_OFFLINE=1 (a machine with no package registry, like the GPU
+# machine): nothing is downloaded; the venv sees the running interpreter's
+# own packages (torch, pytest, libclang) through a .pth line placed after its
+# own site-packages, so the wheel's attnprep is the one imported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 wheel=$(readlink -f "$1")
 work=$(mktemp -d)
-torch_req=${ATTNPREP_TORCH:-torch==$($PY -c "import torch; print(torch.__version__.split('+')[0])")}
 $PY -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q "$torch_req" pytest libclang
-"$work/venv/bin/python" -m pip install -q --no-deps "$wheel"
+VPY="$work/venv/bin/python"
+# The wheel first: pip would take an attnprep on the host's path for installed.
+"$VPY" -m pip install -q --no-deps --no-index "$wheel"
+if [ "${ATTNPREP_CHECK_OFFLINE:-0}" = 1 ]; then
+  $PY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+    > "$("$VPY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz_host_packages.pth"
+else
+  torch_req=${ATTNPREP_TORCH:-torch==$($PY -c "import torch; print(torch.__version__.split('+')[0])")}
+  "$VPY" -m pip install -q "$torch_req" pytest libclang
+fi
 cp -r tests "$work/tests"
 cp -r src "$work/src"  # the Metal syntax pass reads the kernel source
 cd "$work"
-"$work/venv/bin/python" -c "import attnprep, sys; print(attnprep.build_info()); assert 'site-packages' in attnprep.__file__"
-"$work/venv/bin/python" -m pytest -q tests/python -p no:cacheprovider
+"$VPY" -c "import attnprep, torch; print(attnprep.build_info()); print('torch', torch.__version__, 'from', torch.__file__)
+assert attnprep.__file__.startswith('$work/venv/'), attnprep.__file__"
+"$VPY" -m pytest -q tests/python -p no:cacheprovider

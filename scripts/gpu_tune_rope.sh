@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Tuning pass for the rope_pool kernel's block size and occupancy hint:
-# rebuilds with each variant and prints the benchmark table for each.
-#   scripts/gpu_tune_rope.sh "128,1 128,12 256,1" [token counts]
+# Tuning pass for the rope_pool kernel's launch shape: rebuilds with each
+# variant (the kernel's ATTNPREP_ROPE_* macros) and prints attnprep's
+# benchmark rows for each (no peers).
+#   scripts/gpu_tune_rope.sh "THREADS=128,MIN_BLOCKS=10 THREADS=128,MIN_BLOCKS=10,SPLIT_BELOW=1000000000" [token counts]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out}
 ts=${2:-1,8,128,512,2048,8192,32768}
 for v in $1; do
-  threads=${v%,*}; blocks=${v#*,}
-  ATTNPREP_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90;-DCMAKE_CUDA_FLAGS=-DATTNPREP_ROPE_THREADS=$threads -DATTNPREP_ROPE_MIN_BLOCKS=$blocks" \
-    ATTNPREP_BUILD_DIR=build/tune bash scripts/setup.sh > "$OUT/tune_build_${threads}_${blocks}.log" 2>&1 || { tail -20 "$OUT/tune_build_${threads}_${blocks}.log"; continue; }
-  echo "## variant threads=$threads min_blocks=$blocks"
-  python3 bench/bench_rope_pool.py --ts "$ts" 2>&1 | grep -E "^\|" | tee "$OUT/tune_${threads}_${blocks}.md"
+  flags=$(echo "$v" | tr ',' '\n' | sed 's/^/-DATTNPREP_ROPE_/' | tr '\n' ' ')
+  name=$(echo "$v" | tr ',=' '__')
+  ATTNPREP_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90;-DCMAKE_CUDA_FLAGS=$flags" \
+    ATTNPREP_BUILD_DIR=build/tune bash scripts/setup.sh > "$OUT/tune_build_$name.log" 2>&1 || { tail -20 "$OUT/tune_build_$name.log"; continue; }
+  echo "## variant $v"
+  python3 bench/bench_rope_pool.py --no-peers --ts "$ts" 2>&1 | grep -E "^\|" | cut -d'|' -f2-6 | tee "$OUT/tune_$name.md"
 done

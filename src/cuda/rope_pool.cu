@@ -5,24 +5,31 @@
 // k and the raw v into the pools when the token's slot is in [0, pool_size).
 #include "cuda/rope_pool.h"
 
+#include "core/angle_sincos.h"
 #include "core/rope_pool.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace attnprep::cuda {
 namespace {
 
-// Block size and the occupancy hint (10 blocks of 128: at most 48 registers,
-// no spills), fixed by measurement (bench/RESULTS.md);
-// overridable at build time for tuning runs.
+// Largest block and the occupancy hint (10 blocks of 128: at most 48
+// registers, no spills), fixed by measurement (bench/RESULTS.md); overridable
+// at build time for tuning runs. The launch picks the block size at or below
+// kThreads that covers a token's work items in whole rounds.
 #ifndef ATTNPREP_ROPE_THREADS
 #define ATTNPREP_ROPE_THREADS 128
 #endif
 #ifndef ATTNPREP_ROPE_MIN_BLOCKS
 #define ATTNPREP_ROPE_MIN_BLOCKS 10
+#endif
+// Below this many tokens each token is split over several blocks (see launch).
+#ifndef ATTNPREP_ROPE_SPLIT_BELOW
+#define ATTNPREP_ROPE_SPLIT_BELOW 1024
 #endif
 constexpr int kThreads = ATTNPREP_ROPE_THREADS;
 
@@ -167,6 +174,34 @@ struct Item {
   }
 };
 
+// (cos, sin) of frequency i at position pos: from rope_base, or read from
+// cos_sin_cache (NaN for a position outside the table, which is never read).
+__device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
+                                                bool pos_ok, int i) {
+  float c, s;
+  if (!p.use_cache) {
+    // float32 angle; sin/cos correctly rounded at any magnitude, with no
+    // slow path (core/angle_sincos.h says why not sincosf)
+    const float angle = __fmul_rn(static_cast<float>(pos), p.inv_freq[i]);
+    core::angle_sincos(angle, &s, &c);
+  } else if (pos_ok) {
+    const int half = p.rotary_dim / 2;
+    const int64_t row = pos * p.cache_stride;
+    if (p.cache_bf16) {
+      const auto* cache = static_cast<const __nv_bfloat16*>(ptr.cos_sin_cache);
+      c = __bfloat162float(cache[row + i]);
+      s = __bfloat162float(cache[row + half + i]);
+    } else {
+      const auto* cache = static_cast<const float*>(ptr.cos_sin_cache);
+      c = cache[row + i];
+      s = cache[row + half + i];
+    }
+  } else {
+    c = s = __int_as_float(0x7fc00000);
+  }
+  return make_float2(c, s);
+}
+
 // Block (t, s): token t, the s-th of gridDim.y slices of its work items.
 template <typename T, int W>
 __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
@@ -191,28 +226,9 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
   int64_t item = begin + threadIdx.x;
   if (item < end) cur.fetch(p, ptr, t, item, n_qk);
 
-  for (int i = threadIdx.x; i < half; i += kThreads) {
-    float c, s;
-    if (!p.use_cache) {
-      // float32 angle, accurate sincosf (no fast-math: angles reach 1e6 rad)
-      const float angle = __fmul_rn(static_cast<float>(pos), p.inv_freq[i]);
-      sincosf(angle, &s, &c);
-    } else if (pos_ok) {
-      const int64_t row = pos * p.cache_stride;
-      if (p.cache_bf16) {
-        const auto* cache = static_cast<const __nv_bfloat16*>(ptr.cos_sin_cache);
-        c = __bfloat162float(cache[row + i]);
-        s = __bfloat162float(cache[row + half + i]);
-      } else {
-        const auto* cache = static_cast<const float*>(ptr.cos_sin_cache);
-        c = cache[row + i];
-        s = cache[row + half + i];
-      }
-    } else {
-      c = s = __int_as_float(0x7fc00000);
-    }
-    cs[i] = make_float2(c, s);
-  }
+  // One table per block: a copy per warp (no block barrier) measured slower,
+  // the extra cos/sin work costing more than the barrier (bench/RESULTS.md).
+  for (int i = threadIdx.x; i < half; i += blockDim.x) cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i);
   __syncthreads();
 
   // One item in flight per thread: holding two (fetching the next before
@@ -220,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
   // bandwidth at large T on the H200 (bench/RESULTS.md, 2026-11-29).
   while (item < end) {
     cur.finish(p, ptr, cs, slot, write_pool);
-    item += kThreads;
+    item += blockDim.x;
     if (item < end) cur.fetch(p, ptr, t, item, n_qk);
   }
 }
@@ -232,12 +248,18 @@ cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaSt
   // enough blocks that a thread has about one item, so the call costs about
   // one memory round trip instead of several.
   const int64_t items = core::rope_items_per_token(p);
-  const int64_t splits = p.num_tokens >= 1024 ? 1 : (items + kThreads - 1) / kThreads;
+  // Whole rounds: the fewest rounds of at most kThreads items, then the
+  // fewest whole warps that cover the items in that many rounds, so no round
+  // leaves most of a block idle (448 items: 4 rounds of 112 at kThreads 128).
+  const int64_t rounds = std::max<int64_t>(1, (items + kThreads - 1) / kThreads);
+  const int64_t per_round = (items + rounds - 1) / rounds;
+  const int threads = static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(32, (per_round + 31) / 32 * 32)));
+  const int64_t splits = p.num_tokens >= ATTNPREP_ROPE_SPLIT_BELOW ? 1 : rounds;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(splits < 1 ? 1 : splits));
   if (p.width == 1)
-    rope_pool_kernel<T, 1><<<grid, kThreads, 0, stream>>>(p, ptrs);
+    rope_pool_kernel<T, 1><<<grid, threads, 0, stream>>>(p, ptrs);
   else
-    rope_pool_kernel<T, 16 / sizeof(T)><<<grid, kThreads, 0, stream>>>(p, ptrs);
+    rope_pool_kernel<T, 16 / sizeof(T)><<<grid, threads, 0, stream>>>(p, ptrs);
   return cudaGetLastError();
 }
 

@@ -9,12 +9,17 @@ using core::CopyJobPlan;
 using core::StridedCopyPlan;
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;  // vectors per thread, all loads issued before the stores
+// Vectors per thread, all loads issued before the stores: 4 for large copies
+// (fewer blocks, more bytes in flight per thread); 1 when the copy is so small
+// that 4 per thread would leave most multiprocessors idle (a few hundred
+// blocks at most), where spreading it wide shortens the one round trip.
+constexpr int kUnrollLarge = 4;
+constexpr int64_t kSmallCopyBlocks = 256;
 
 // Blocks alternate between jobs (block b serves job b % njobs): the jobs of
 // one op write interleaved parts of the same output rows, and running them
 // side by side keeps DRAM writes to whole rows instead of one third of each.
-template <typename V, bool Index32>
+template <typename V, bool Index32, int kUnroll>
 __global__ void __launch_bounds__(kThreads) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
   const unsigned njobs = static_cast<unsigned>(plan.njobs);
   const CopyJobPlan& job = plan.jobs[blockIdx.x % njobs];
@@ -37,15 +42,22 @@ __global__ void __launch_bounds__(kThreads) strided_copy_kernel(const __grid_con
     if (dst[u] >= 0) *reinterpret_cast<V*>(job.dst + dst[u]) = value[u];
 }
 
-template <typename V>
-cudaError_t launch(const StridedCopyPlan& plan, cudaStream_t stream) {
+template <typename V, int kUnroll>
+cudaError_t launch_unrolled(const StridedCopyPlan& plan, cudaStream_t stream) {
   const int64_t per_block = kThreads * kUnroll;
   const dim3 grid(static_cast<unsigned>((plan.max_total + per_block - 1) / per_block * plan.njobs));
   if (plan.index_bits == 32)
-    strided_copy_kernel<V, true><<<grid, kThreads, 0, stream>>>(plan);
+    strided_copy_kernel<V, true, kUnroll><<<grid, kThreads, 0, stream>>>(plan);
   else
-    strided_copy_kernel<V, false><<<grid, kThreads, 0, stream>>>(plan);
+    strided_copy_kernel<V, false, kUnroll><<<grid, kThreads, 0, stream>>>(plan);
   return cudaGetLastError();
+}
+
+template <typename V>
+cudaError_t launch(const StridedCopyPlan& plan, cudaStream_t stream) {
+  const int64_t per_block = kThreads * kUnrollLarge;
+  const int64_t blocks = (plan.max_total + per_block - 1) / per_block * plan.njobs;
+  return blocks < kSmallCopyBlocks ? launch_unrolled<V, 1>(plan, stream) : launch_unrolled<V, kUnrollLarge>(plan, stream);
 }
 
 }  // namespace

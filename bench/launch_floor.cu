@@ -1,0 +1,113 @@
+// Launch floors under CUDA-graph replay: the per-call time of tiny kernels
+// when 20 launches are replayed as one graph, timed like the op benchmarks
+// (python/attnprep/_bench.py: 200 replays, median of 5). It says what part of
+// an op's small-shape replay time any kernel pays: the launch itself, the
+// kernel's parameter block, one round trip to memory, and a load whose address
+// comes from another load (positions/slots -> pool rows).
+//   nvcc -O3 -std=c++17 -arch=sm_90 bench/launch_floor.cu -o /tmp/launch_floor && /tmp/launch_floor
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstdio>
+#include <vector>
+
+#define CHECK_CUDA(x)                                                          \
+  do {                                                                         \
+    cudaError_t e = (x);                                                       \
+    if (e != cudaSuccess) {                                                    \
+      std::printf("%s failed: %s\n", #x, cudaGetErrorString(e));               \
+      std::exit(1);                                                            \
+    }                                                                          \
+  } while (0)
+
+template <int P>
+struct Blob {
+  unsigned char b[P];
+};
+
+__global__ void empty_kernel() {}
+
+// Reads one byte of its parameter block, so the block is really passed.
+template <int P>
+__global__ void param_kernel(const __grid_constant__ Blob<P> blob, int* sink) {
+  if (blob.b[threadIdx.x % P] == 0xff) *sink = 1;
+}
+
+// 128 threads move one 16-byte vector each: the smallest data-moving op.
+template <int P>
+__global__ void copy_kernel(const __grid_constant__ Blob<P> blob, const uint4* src, uint4* dst) {
+  uint4 v = src[threadIdx.x];
+  v.x ^= blob.b[0];
+  dst[threadIdx.x] = v;
+}
+
+// The same, to a row chosen by an index read from memory first.
+__global__ void indexed_copy_kernel(const int* index, const uint4* src, uint4* dst) {
+  const int row = index[0];
+  dst[row * 128 + threadIdx.x] = src[threadIdx.x];
+}
+
+template <typename Launch>
+double replay_us(Launch launch, int calls = 20, int replays = 200) {
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) launch(s);
+  CHECK_CUDA(cudaStreamEndCapture(s, &g));
+  CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < 10; ++i) CHECK_CUDA(cudaGraphLaunch(ge, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int rep = 0; rep < 5; ++rep) {
+    CHECK_CUDA(cudaEventRecord(a, s));
+    for (int i = 0; i < replays; ++i) CHECK_CUDA(cudaGraphLaunch(ge, s));
+    CHECK_CUDA(cudaEventRecord(b, s));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e3 / (replays * calls));
+  }
+  std::sort(t.begin(), t.end());
+  CHECK_CUDA(cudaGraphExecDestroy(ge));
+  CHECK_CUDA(cudaGraphDestroy(g));
+  CHECK_CUDA(cudaStreamDestroy(s));
+  return t[2];
+}
+
+int main() {
+  int* sink;
+  int* index;
+  uint4 *src, *dst;
+  CHECK_CUDA(cudaMalloc(&sink, 4));
+  CHECK_CUDA(cudaMalloc(&index, 4));
+  CHECK_CUDA(cudaMemset(index, 0, 4));
+  CHECK_CUDA(cudaMalloc(&src, 128 * 16));
+  CHECK_CUDA(cudaMalloc(&dst, 128 * 16));
+  const Blob<640> b640{};
+  const Blob<1280> b1280{};
+  const Blob<4000> b4000{};
+  const Blob<16> b16{};
+  std::printf("| kernel (graph replay, 20 per graph) | us per call |\n|---|---|\n");
+  std::printf("| empty, no parameters | %.3f |\n", replay_us([&](cudaStream_t s) { empty_kernel<<<1, 32, 0, s>>>(); }));
+  std::printf("| empty, 16 B of parameters | %.3f |\n",
+              replay_us([&](cudaStream_t s) { param_kernel<16><<<1, 32, 0, s>>>(b16, sink); }));
+  std::printf("| empty, 640 B of parameters | %.3f |\n",
+              replay_us([&](cudaStream_t s) { param_kernel<640><<<1, 32, 0, s>>>(b640, sink); }));
+  std::printf("| empty, 1280 B of parameters | %.3f |\n",
+              replay_us([&](cudaStream_t s) { param_kernel<1280><<<1, 32, 0, s>>>(b1280, sink); }));
+  std::printf("| empty, 4000 B of parameters | %.3f |\n",
+              replay_us([&](cudaStream_t s) { param_kernel<4000><<<1, 32, 0, s>>>(b4000, sink); }));
+  std::printf("| copy 128 x 16 B, 16 B of parameters | %.3f |\n",
+              replay_us([&](cudaStream_t s) { copy_kernel<16><<<1, 128, 0, s>>>(b16, src, dst); }));
+  std::printf("| copy 128 x 16 B, 1280 B of parameters | %.3f |\n",
+              replay_us([&](cudaStream_t s) { copy_kernel<1280><<<1, 128, 0, s>>>(b1280, src, dst); }));
+  std::printf("| copy 128 x 16 B to a row read from memory | %.3f |\n",
+              replay_us([&](cudaStream_t s) { indexed_copy_kernel<<<1, 128, 0, s>>>(index, src, dst); }));
+  return 0;
+}

@@ -1,0 +1,78 @@
+// sin and cos of a float32 rotary angle, each within one float32 ulp of the
+// true value (SPEC.md: "a few float32 ulp"), at any magnitude.
+//
+// Why not CUDA's sincosf: above |angle| = 105615 it switches to a Payne-Hanek
+// reduction that walks a table through local memory, and rotary angles reach
+// that as soon as a position passes ~1e5. In a kernel where one block builds a
+// token's cos/sin table before any of its threads may go on, that one slow
+// thread delays the whole block (bench/RESULTS.md, rope kernel history).
+//
+// Here the angle, exact in double, is reduced by k * pi/2 with pi/2 split in
+// three doubles and fused multiply-adds: the remainder is off by about 1e-16
+// for |angle| < 2^52, whatever k. sin and cos of the remainder (|r| <= pi/4
+// plus a rounding) come from Taylor polynomials in double, truncated where the
+// next term is below 2e-14 relative, and are rounded once to float32. Angles
+// of 2^52 and beyond (positions far past any model) and NaN/inf take a library
+// function: CUDA's sincosf on the device (a few ulp there; the double sin/cos
+// would cost the kernel registers and spills), double sin/cos on the host.
+//
+// Below 2^52 host and device run the same arithmetic (explicit fma, no
+// contraction dependence), so ctest checks the function the GPU runs.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/fast_divmod.h"  // ATTNPREP_HD
+
+namespace attnprep::core {
+
+ATTNPREP_HD void angle_sincos(float angle, float* sin_out, float* cos_out) {
+  const double x = angle;
+  if (!(::fabs(x) < 0x1p52)) {
+#if defined(__CUDA_ARCH__)
+    sincosf(angle, sin_out, cos_out);  // its own exact reduction; small code
+#else
+    *sin_out = static_cast<float>(::sin(x));
+    *cos_out = static_cast<float>(::cos(x));
+#endif
+    return;
+  }
+  constexpr double kTwoOverPi = 0x1.45f306dc9c883p-1;
+  constexpr double kPiOver2Hi = 0x1.921fb54442d18p+0;   // pi/2 = hi + mid + lo
+  constexpr double kPiOver2Mid = 0x1.1a62633145c07p-54;  // to about 160 bits
+  constexpr double kPiOver2Lo = -0x1.f1976b7ed8fbcp-110;
+  const double k = ::rint(x * kTwoOverPi);
+  double r = ::fma(-k, kPiOver2Hi, x);
+  r = ::fma(-k, kPiOver2Mid, r);
+  r = ::fma(-k, kPiOver2Lo, r);
+  const double r2 = r * r;
+
+  // sin r = r - r^3/3! + r^5/5! - ... + r^13/13!
+  double ps = 1.0 / 6227020800.0;          //  1/13!
+  ps = ::fma(ps, r2, -1.0 / 39916800.0);   // -1/11!
+  ps = ::fma(ps, r2, 1.0 / 362880.0);      //  1/9!
+  ps = ::fma(ps, r2, -1.0 / 5040.0);       // -1/7!
+  ps = ::fma(ps, r2, 1.0 / 120.0);         //  1/5!
+  ps = ::fma(ps, r2, -1.0 / 6.0);          // -1/3!
+  const double s = ::fma(ps * r2, r, r);
+  // cos r = 1 - r^2/2! + r^4/4! - ... - r^14/14!
+  double pc = -1.0 / 87178291200.0;        // -1/14!
+  pc = ::fma(pc, r2, 1.0 / 479001600.0);   //  1/12!
+  pc = ::fma(pc, r2, -1.0 / 3628800.0);    // -1/10!
+  pc = ::fma(pc, r2, 1.0 / 40320.0);       //  1/8!
+  pc = ::fma(pc, r2, -1.0 / 720.0);        // -1/6!
+  pc = ::fma(pc, r2, 1.0 / 24.0);          //  1/4!
+  pc = ::fma(pc, r2, -0.5);                // -1/2!
+  const double c = ::fma(pc, r2, 1.0);
+
+  // angle = k pi/2 + r: rotate (sin r, cos r) by the quadrant k mod 4.
+  switch (static_cast<int>(static_cast<int64_t>(k) & 3)) {
+    case 0: *sin_out = static_cast<float>(s); *cos_out = static_cast<float>(c); break;
+    case 1: *sin_out = static_cast<float>(c); *cos_out = static_cast<float>(-s); break;
+    case 2: *sin_out = static_cast<float>(-s); *cos_out = static_cast<float>(-c); break;
+    default: *sin_out = static_cast<float>(-c); *cos_out = static_cast<float>(s); break;
+  }
+}
+
+}  // namespace attnprep::core
