@@ -54,4 +54,27 @@ inline int64_t rope_items_per_token(const RopePoolParams& p) {
          static_cast<int64_t>(p.num_kv_heads) * p.v_items_per_head;
 }
 
+// How the CUDA kernel is launched. A block serves one token (or a slice of
+// one) and walks its work items in rounds of one item per thread; the block
+// is the fewest whole warps, at most max_threads, that cover the items in the
+// fewest rounds, so no round leaves most of a block idle (448 items at 128:
+// 4 rounds of 112 -> 128 threads). Below split_below tokens each token is
+// spread over `splits` blocks, one round each, so a small call costs about
+// one memory round trip instead of several. (The kernel loops when a block's
+// slice is longer than one round, so any split count is correct.)
+struct RopeCudaLaunch {
+  int32_t threads;
+  int64_t splits;
+};
+inline RopeCudaLaunch plan_rope_cuda_launch(int64_t items, int64_t num_tokens, int32_t max_threads,
+                                            int64_t split_below) {
+  const int64_t rounds = items > max_threads ? (items + max_threads - 1) / max_threads : 1;
+  const int64_t per_round = (items + rounds - 1) / rounds;
+  int64_t threads = (per_round + 31) / 32 * 32;
+  threads = threads < 32 ? 32 : (threads > max_threads ? max_threads : threads);
+  // gridDim.y stops at 65535; past that a block walks several rounds.
+  const int64_t splits = num_tokens >= split_below ? 1 : (rounds < 65535 ? rounds : 65535);
+  return {static_cast<int32_t>(threads), splits};
+}
+
 }  // namespace attnprep::core

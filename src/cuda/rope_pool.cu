@@ -11,7 +11,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <cstdint>
 
 namespace attnprep::cuda {
@@ -19,15 +18,15 @@ namespace {
 
 // Largest block and the occupancy hint (10 blocks of 128: at most 48
 // registers, no spills), fixed by measurement (bench/RESULTS.md); overridable
-// at build time for tuning runs. The launch picks the block size at or below
-// kThreads that covers a token's work items in whole rounds.
+// at build time for tuning runs. The launch shape itself is planned in
+// core::plan_rope_cuda_launch (tested on the host).
 #ifndef ATTNPREP_ROPE_THREADS
 #define ATTNPREP_ROPE_THREADS 128
 #endif
 #ifndef ATTNPREP_ROPE_MIN_BLOCKS
 #define ATTNPREP_ROPE_MIN_BLOCKS 10
 #endif
-// Below this many tokens each token is split over several blocks (see launch).
+// Below this many tokens each token is split over several blocks.
 #ifndef ATTNPREP_ROPE_SPLIT_BELOW
 #define ATTNPREP_ROPE_SPLIT_BELOW 1024
 #endif
@@ -243,23 +242,13 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
 
 template <typename T>
 cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaStream_t stream) {
-  // Many tokens: one block per token, each thread walks several items (the
-  // cos/sin setup is paid once per token). Few tokens: split each token over
-  // enough blocks that a thread has about one item, so the call costs about
-  // one memory round trip instead of several.
-  const int64_t items = core::rope_items_per_token(p);
-  // Whole rounds: the fewest rounds of at most kThreads items, then the
-  // fewest whole warps that cover the items in that many rounds, so no round
-  // leaves most of a block idle (448 items: 4 rounds of 112 at kThreads 128).
-  const int64_t rounds = std::max<int64_t>(1, (items + kThreads - 1) / kThreads);
-  const int64_t per_round = (items + rounds - 1) / rounds;
-  const int threads = static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(32, (per_round + 31) / 32 * 32)));
-  const int64_t splits = p.num_tokens >= ATTNPREP_ROPE_SPLIT_BELOW ? 1 : rounds;
-  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(splits < 1 ? 1 : splits));
+  const core::RopeCudaLaunch shape =
+      core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens, kThreads, ATTNPREP_ROPE_SPLIT_BELOW);
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(shape.splits));
   if (p.width == 1)
-    rope_pool_kernel<T, 1><<<grid, threads, 0, stream>>>(p, ptrs);
+    rope_pool_kernel<T, 1><<<grid, shape.threads, 0, stream>>>(p, ptrs);
   else
-    rope_pool_kernel<T, 16 / sizeof(T)><<<grid, threads, 0, stream>>>(p, ptrs);
+    rope_pool_kernel<T, 16 / sizeof(T)><<<grid, shape.threads, 0, stream>>>(p, ptrs);
   return cudaGetLastError();
 }
 

@@ -135,6 +135,29 @@ TEST_CASE("params: 16-byte groups when everything allows, one element otherwise"
   CHECK_EQ(make_rope_pool_params(args(), args().q, args().k).inv_freq[0], 1.0f);
 }
 
+TEST_CASE("CUDA launch shape: whole warps, whole rounds, one round per block when split") {
+  const RopeCudaLaunch bench = plan_rope_cuda_launch(448, 8192, 128, 1024);  // 32/8 heads, head_dim 128, bf16
+  CHECK_EQ(bench.threads, 128);
+  CHECK_EQ(bench.splits, 1);
+  CHECK_EQ(plan_rope_cuda_launch(448, 8, 128, 1024).splits, 4);
+  CHECK_EQ(plan_rope_cuda_launch(24, 8, 128, 1024).threads, 32);
+  CHECK_EQ(plan_rope_cuda_launch(0, 8, 128, 1024).threads, 32);
+  CHECK_EQ(plan_rope_cuda_launch(0, 8, 128, 1024).splits, 1);
+  CHECK_EQ(plan_rope_cuda_launch(448, 8, 256, 1024).threads, 224);
+  CHECK_EQ(plan_rope_cuda_launch(int64_t{1} << 30, 8, 128, 1024).splits, 65535);  // gridDim.y limit
+  for (int32_t max_threads : {64, 128, 256})
+    for (int64_t items = 1; items <= 4096; ++items) {
+      const RopeCudaLaunch l = plan_rope_cuda_launch(items, 1, max_threads, 1024);
+      const int64_t rounds = (items + max_threads - 1) / max_threads;
+      CHECK(l.threads % 32 == 0 && l.threads >= 32 && l.threads <= max_threads);
+      CHECK(l.threads * rounds >= items);                      // the rounds cover every item
+      CHECK(l.threads * rounds - items < 32 * rounds);         // less than a warp idle per round
+      CHECK_EQ(l.splits, rounds);                              // split: one block per round...
+      CHECK((items + l.splits - 1) / l.splits <= l.threads);   // ...each block's slice in one round
+      CHECK_EQ(plan_rope_cuda_launch(items, 1024, max_threads, 1024).splits, 1);
+    }
+}
+
 namespace {
 // Host-backed float32 case for the reference.
 struct HostCase {
