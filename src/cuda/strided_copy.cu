@@ -12,7 +12,8 @@ constexpr int kThreads = 256;
 // Vectors per thread, all loads issued before the stores: 4 for large copies
 // (fewer blocks, more bytes in flight per thread); 1 when the copy is so small
 // that 4 per thread would leave most multiprocessors idle (a few hundred
-// blocks at most), where spreading it wide shortens the one round trip.
+// blocks at most), where spreading it wide shortens the one round trip
+// (pack at rows=65: graph replay 2.33 -> 1.58 us, bench/RESULTS.md).
 constexpr int kUnrollLarge = 4;
 constexpr int64_t kSmallCopyBlocks = 256;
 
@@ -57,7 +58,8 @@ template <typename V>
 cudaError_t launch(const StridedCopyPlan& plan, cudaStream_t stream) {
   const int64_t per_block = kThreads * kUnrollLarge;
   const int64_t blocks = (plan.max_total + per_block - 1) / per_block * plan.njobs;
-  return blocks < kSmallCopyBlocks ? launch_unrolled<V, 1>(plan, stream) : launch_unrolled<V, kUnrollLarge>(plan, stream);
+  return blocks < kSmallCopyBlocks ? launch_unrolled<V, 1>(plan, stream)
+                                   : launch_unrolled<V, kUnrollLarge>(plan, stream);
 }
 
 }  // namespace
