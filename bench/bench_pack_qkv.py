@@ -7,7 +7,10 @@ Per shape: median kernel time, GB/s (q, k, v read once, the packed output
 written once) and % of a device-to-device copy of the same bytes, all in one
 run, beside the plain-PyTorch composition (cat + permute + contiguous) eager
 and under torch.compile. Then CUDA-graph replay per call at rows 1 and 65
-against an empty kernel, and host overhead per call at rows = 1.
+(20 calls back to back per graph), with programmatic dependent launch (PDL)
+on and off, against an empty kernel (torch.cuda._sleep(0), no PDL) and an
+empty kernel launched as attnprep launches (PDL, waiting for its
+predecessor); and host overhead per call at rows = 1.
 """
 
 from __future__ import annotations
@@ -77,14 +80,21 @@ def run(quick: bool = False):
 
     small = []
     floor = common.empty_kernel_replay_us()
+    with common.pdl(True):
+        pdl_floor = common.library_empty_kernel_replay_us()
     for rows in (1, 65):
         q, k, v = inputs(rows, 8, 128, False)
         out = torch.empty(8, rows, 1, 384, device="cuda", dtype=torch.bfloat16)
-        t = common.graph_replay_us(lambda: attnprep.pack_qkv_destination_major(q, k, v, 8, out=out))
+        times = []
+        for on in (True, False):
+            with common.pdl(on):
+                times.append(common.graph_replay_us(lambda: attnprep.pack_qkv_destination_major(q, k, v, 8, out=out)))
         tc = common.graph_replay_us(lambda: compiled_pack(q, k, v, 8))
-        small.append([rows, t, floor, t / floor, tc])
-    common.print_table("CUDA-graph replay per call, (rows, 8, 128, world 8) bf16",
-                       ["rows", "attnprep us", "empty kernel us", "ratio to empty kernel", "torch.compile us"], small)
+        small.append([rows, times[0], times[1], floor, times[0] / floor, times[1] / floor, pdl_floor, tc])
+    common.print_table(
+        f"CUDA-graph replay per call, (rows, 8, 128, world 8) bf16 (PDL available: {common.pdl_available()})",
+        ["rows", "attnprep us", "attnprep, PDL off us", "empty kernel us", "ratio to empty kernel",
+         "ratio, PDL off", "empty PDL kernel us", "torch.compile us"], small)
 
     q, k, v = inputs(1, 8, 128, False)
     out = torch.empty(8, 1, 1, 384, device="cuda", dtype=torch.bfloat16)

@@ -6,8 +6,10 @@ pool of 1,000,000 slots, random positions below 131072, random distinct slots).
 Per T: median kernel time (CUDA events), effective GB/s (q, k, v, positions,
 slots read once; q_rot, k_rot and the pool rows written once) and % of a
 device-to-device copy of the same bytes, measured in the same run; CUDA-graph
-replay per call for T <= 512; the plain-PyTorch composition (rope on q and k,
-then index_copy_ into the pools) eager and under torch.compile.
+replay per call for T <= 512 (20 calls back to back per graph), with
+programmatic dependent launch (PDL) on and off; the plain-PyTorch
+composition (rope on q and k, then index_copy_ into the pools) eager and
+under torch.compile.
 """
 
 from __future__ import annotations
@@ -81,18 +83,21 @@ def run(quick: bool = False, ts=None, peers: bool = True):
             te = common.median_ms([lambda s=s: torch_rope_pool(*s, k_pool, v_pool, freqs) for s in sets], iters)
             tc = common.median_ms([lambda s=s: compiled(*s, k_pool, v_pool, freqs) for s in sets], iters)
         tcopy = common.copy_ms(nbytes // 2, iters)
-        graph = graph_c = float("nan")
+        graph = graph_off = graph_c = float("nan")
         if T <= 512:
             s = sets[0]
             graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
+            with common.pdl(False):
+                graph_off = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
             if peers:
                 graph_c = common.graph_replay_us(lambda: compiled(*s, k_pool, v_pool, freqs))
-        rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, tc * 1e3, 100 * tcopy / tc,
-                     graph_c, te * 1e3, tc / t])
+        rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, graph_off, tc * 1e3,
+                     100 * tcopy / tc, graph_c, te * 1e3, tc / t])
     common.print_table(
-        f"rope_pool_fused, bf16, 32/8 heads, head_dim 128 ({common.environment()})",
-        ["T", "attnprep us", "GB/s", "% of copy", "graph replay us", "torch.compile us", "compile % of copy",
-         "compile graph us", "eager us", "speed-up vs compile"], rows)
+        f"rope_pool_fused, bf16, 32/8 heads, head_dim 128 ({common.environment()}, "
+        f"PDL available: {common.pdl_available()})",
+        ["T", "attnprep us", "GB/s", "% of copy", "graph replay us", "graph replay, PDL off us", "torch.compile us",
+         "compile % of copy", "compile graph us", "eager us", "speed-up vs compile"], rows)
 
 
 if __name__ == "__main__":

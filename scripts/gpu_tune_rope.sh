@@ -3,6 +3,8 @@
 # variant (the kernel's ATTNPREP_ROPE_* macros) and prints attnprep's
 # benchmark rows for each (no peers).
 #   scripts/gpu_tune_rope.sh "THREADS=128,MIN_BLOCKS=10 THREADS=128,MIN_BLOCKS=10,SPLIT_BELOW=1000000000" [token counts]
+# AFTER="command" runs after each variant's benchmark, with TAG set to the
+# variant's name (e.g. AFTER="bash scripts/gpu_profile.sh rope:8192").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out}
@@ -13,5 +15,6 @@ for v in $1; do
   ATTNPREP_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90;-DCMAKE_CUDA_FLAGS=$flags" \
     ATTNPREP_BUILD_DIR=build/tune bash scripts/setup.sh > "$OUT/tune_build_$name.log" 2>&1 || { tail -20 "$OUT/tune_build_$name.log"; continue; }
   echo "## variant $v"
-  python3 bench/bench_rope_pool.py --no-peers --ts "$ts" 2>&1 | grep -E "^\|" | cut -d'|' -f2-6 | tee "$OUT/tune_$name.md"
+  python3 bench/bench_rope_pool.py --no-peers --ts "$ts" 2>&1 | grep -E "^\|" | cut -d'|' -f2-7 | tee "$OUT/tune_$name.md"
+  [ -z "${AFTER:-}" ] || TAG=$name bash -c "$AFTER"
 done

@@ -10,9 +10,10 @@ as wall time per call over many calls without a sync.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -86,6 +87,34 @@ def graph_replay_us(fn: Callable[[], object], calls: int = 20, replays: int = 20
 def empty_kernel_replay_us(calls: int = 20, replays: int = 200) -> float:
     """The launch floor: an (almost) empty kernel, replayed the same way."""
     return graph_replay_us(lambda: torch.cuda._sleep(0), calls, replays)
+
+
+@contextlib.contextmanager
+def pdl(on: bool) -> Iterator[None]:
+    """Programmatic dependent launch on/off for the launches (and graph
+    captures) inside the block; back to the environment's setting after."""
+    from attnprep import _C
+
+    _C._set_pdl_mode(1 if on else 0)
+    try:
+        yield
+    finally:
+        _C._set_pdl_mode(-1)
+
+
+def pdl_available() -> bool:
+    from attnprep import _C
+
+    with pdl(True):
+        return _C._pdl_on(torch.cuda.current_device())
+
+
+def library_empty_kernel_replay_us(calls: int = 20, replays: int = 200) -> float:
+    """An empty kernel launched the way attnprep launches its kernels (with
+    PDL where on), waiting for the kernel before it: the floor under them."""
+    from attnprep import _C
+
+    return graph_replay_us(lambda: _C._launch_empty(torch.cuda.current_device()), calls, replays)
 
 
 def host_us(fn: Callable[[], object], calls: int = 2000) -> float:

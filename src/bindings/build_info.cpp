@@ -6,6 +6,7 @@
 #include "bindings/tensor_import.h"
 
 #if ATTNPREP_WITH_CUDA
+#include "cuda/launch.h"
 #include "cuda/launch_probe.h"
 #endif
 
@@ -42,6 +43,22 @@ void init_build_info(nb::module_& m) {
       return cudaGetLastError();
     });
     return us;
+  });
+  // Benchmark/test helpers: programmatic dependent launch (src/cuda/launch.h).
+  // mode -1: as ATTNPREP_PDL says, 0: off, 1: on where the device has it.
+  m.def("_set_pdl_mode", [](int mode) { cuda::set_pdl_mode(mode); });
+  m.def("_pdl_on", [](int device) {
+    core::Device d{core::DeviceType::CUDA, device};
+    bool on = false;
+    run_cuda("_pdl_on", d, [&](cudaStream_t) {
+      on = cuda::pdl_on_current_device();
+      return cudaSuccess;
+    });
+    return on;
+  });
+  m.def("_launch_empty", [](int device) {
+    core::Device d{core::DeviceType::CUDA, device};
+    run_cuda("_launch_empty", d, [&](cudaStream_t stream) { return cuda::launch_empty_library_kernel(stream); });
   });
 #endif
 }

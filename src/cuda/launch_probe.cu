@@ -5,10 +5,20 @@
 
 #include "cuda/launch_probe.h"
 
+#include "cuda/launch.h"
+
 namespace attnprep::cuda {
 namespace {
 __global__ void empty_kernel() {}
+// The same, launched the way the library's kernels are (cuda/launch.h), and,
+// like them, waiting for the kernel before it: the floor under their
+// CUDA-graph replay time.
+__global__ void empty_library_kernel() { wait_for_prior_kernels(); }
 }  // namespace
+
+cudaError_t launch_empty_library_kernel(cudaStream_t stream) {
+  return launch_kernel(empty_library_kernel, dim3(1), dim3(32), stream);
+}
 
 double empty_launch_us(int launches, cudaStream_t stream) {
   empty_kernel<<<1, 32, 0, stream>>>();

@@ -7,6 +7,7 @@
 
 #include "core/angle_sincos.h"
 #include "core/rope_pool.h"
+#include "cuda/launch.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -30,6 +31,13 @@ namespace {
 #ifndef ATTNPREP_ROPE_SPLIT_BELOW
 #define ATTNPREP_ROPE_SPLIT_BELOW 1024
 #endif
+// From this many tokens (about three waves of blocks on a 132-SM H200) a
+// thread asks L2 for its later items at the start: +1-2% of copy bandwidth at
+// 8192 and 32768 tokens, -3% at 2048 and slower small calls, where the
+// requests only add traffic (bench/RESULTS.md, 2026-11-29).
+#ifndef ATTNPREP_ROPE_PREFETCH_FROM
+#define ATTNPREP_ROPE_PREFETCH_FROM 4096
+#endif
 constexpr int kThreads = ATTNPREP_ROPE_THREADS;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
@@ -44,9 +52,10 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 // 16 bytes (the plan guarantees alignment then), else one element at a time.
 template <typename T, int N>
 struct Group {
+  static constexpr bool kVector = N * sizeof(T) == 16;
   T e[N];
   __device__ __forceinline__ void load(const T* p) {
-    if constexpr (N * sizeof(T) == 16) {
+    if constexpr (kVector) {
       *reinterpret_cast<uint4*>(e) = __ldg(reinterpret_cast<const uint4*>(p));
     } else {
 #pragma unroll
@@ -54,7 +63,7 @@ struct Group {
     }
   }
   __device__ __forceinline__ void store(T* p) const {
-    if constexpr (N * sizeof(T) == 16) {
+    if constexpr (kVector) {
       *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(e);
     } else {
 #pragma unroll
@@ -67,45 +76,44 @@ __device__ __forceinline__ int64_t read_index(const void* p, int64_t i, int is64
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
 }
 
-// One work item: up to two groups of W elements of one head, their
-// destinations, and which frequencies rotate them. A thread's first item is
-// fetched before the cos/sin setup, so its loads overlap that work and the
-// round trip for the token's position and slot.
+// One work item: up to two groups of W elements of one head (lo, and hi when
+// `two`), where they come from and go to, and which frequencies rotate them.
 template <typename T, int W>
 struct Item {
-  enum Kind { kNone, kNeox, kGptj, kCopy };
-  Kind kind = kNone;
-  bool is_q = false, is_v = false;
+  enum Kind { kNeox, kGptj, kCopy };
+  Kind kind = kCopy;
+  bool is_q = false, is_v = false, two = false;
   int head = 0;
+  const T* src = nullptr;
   T* dst = nullptr;   // q_rot/k_rot; null for v and for in-place pass-through
   int lo_off = 0, hi_off = 0, freq = 0;
   Group<T, W> lo, hi;
 
-  // Issues the item's loads. Nothing here waits for the token's position or
-  // slot, so these loads overlap that round trip too.
-  __device__ __forceinline__ void fetch(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t,
-                                        int64_t item, int64_t n_qk) {
+  // Where item `item` of token t lives. Nothing here waits for the token's
+  // position or slot, so the loads that follow overlap that round trip.
+  // Item indices are 32-bit: the launcher refuses tokens of 2^30 items.
+  __device__ __forceinline__ void locate(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t,
+                                         int item, int n_qk) {
     constexpr int F = W == 1 ? 1 : W / 2;
     const int half = p.rotary_dim / 2;
-    const T* src;
     // A thread reuses one Item for all its items: reset what a branch below
     // may leave unset.
     is_q = false;
     is_v = false;
+    two = false;
     dst = nullptr;
     if (item >= n_qk) {  // v: copied into the pool only
-      const int r = static_cast<int>(item - n_qk);
+      const int r = item - n_qk;
       head = r / p.v_items_per_head;
       lo_off = (r - head * p.v_items_per_head) * W;
       kind = kCopy;
       is_v = true;
       src = static_cast<const T*>(ptr.v) + t * p.v_stride_token + head * p.v_stride_head;
-      lo.load(src + lo_off);
       return;
     }
     const int qk = p.qk_items_per_head;
-    head = static_cast<int>(item / qk);
-    const int sub = static_cast<int>(item - static_cast<int64_t>(head) * qk);
+    head = item / qk;
+    const int sub = item - head * qk;
     is_q = head < p.num_qo_heads;
     if (is_q) {
       src = static_cast<const T*>(ptr.q) + t * p.q_stride_token + head * p.q_stride_head;
@@ -120,27 +128,32 @@ struct Item {
       kind = kCopy;
       lo_off = p.rotary_dim + (sub - rot_items) * W;
       if (dst == src) dst = nullptr;  // in place: already there
-      lo.load(src + lo_off);
     } else if (p.is_neox) {
       kind = kNeox;
       freq = sub * W;
       lo_off = freq;
       hi_off = half + freq;
-      lo.load(src + lo_off);
-      hi.load(src + hi_off);
+      two = true;
     } else {
       kind = kGptj;
       freq = sub * F;
       lo_off = 2 * freq;
       hi_off = lo_off + 1;  // W == 1: the pair's second element in `hi`
-      lo.load(src + lo_off);
-      if constexpr (W == 1) hi.load(src + hi_off);
+      two = W == 1;
     }
   }
 
+  __device__ __forceinline__ void load() {
+    lo.load(src + lo_off);
+    if (two) hi.load(src + hi_off);
+  }
+  // Asks L2 for the item's lines now; a later load() then hits L2.
+  __device__ __forceinline__ void prefetch() const {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + lo_off));
+    if (two) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + hi_off));
+  }
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr, const float2* cs,
                                          int64_t slot, bool write_pool) {
-    if (kind == kNone) return;
     if (kind == kNeox) {
 #pragma unroll
       for (int j = 0; j < W; ++j) rotate(lo.e[j], hi.e[j], cs[freq + j]);
@@ -152,7 +165,6 @@ struct Item {
         for (int j = 0; j < W / 2; ++j) rotate(lo.e[2 * j], lo.e[2 * j + 1], cs[freq + j]);
       }
     }
-    const bool two = kind == kNeox || (W == 1 && kind == kGptj);
     if (dst) {
       lo.store(dst + lo_off);
       if (two) hi.store(dst + hi_off);
@@ -202,12 +214,14 @@ __device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const R
 }
 
 // Block (t, s): token t, the s-th of gridDim.y slices of its work items.
-template <typename T, int W>
+// kPrefetch: request the thread's later items from L2 up front.
+template <typename T, int W, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
     rope_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr) {
   __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
   const int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
+  wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
   const int64_t pos = read_index(ptr.positions, t, p.positions_int64);
   const int64_t slot = read_index(ptr.slots, t, p.slots_int64);
   // A position outside cos_sin_cache must not be read: its rows become NaN
@@ -215,28 +229,43 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
   const bool pos_ok = !p.use_cache || (pos >= 0 && pos < p.cache_len);
   const bool write_pool = pos_ok && slot >= 0 && slot < p.pool_size;
 
-  const int64_t n_qk = static_cast<int64_t>(p.num_qo_heads + p.num_kv_heads) * p.qk_items_per_head;
-  const int64_t n_all = n_qk + static_cast<int64_t>(p.num_kv_heads) * p.v_items_per_head;
-  const int64_t per_block = (n_all + gridDim.y - 1) / gridDim.y;
-  const int64_t begin = blockIdx.y * per_block;
-  const int64_t end = min(n_all, begin + per_block);
+  // 32-bit item arithmetic (the launcher refuses tokens of 2^30 items): the
+  // 64-bit divisions it replaced sat between the launch and the first load
+  // (graph replay at T=8: 2.64 -> 2.44 us, bench/RESULTS.md).
+  const int n_qk = (p.num_qo_heads + p.num_kv_heads) * p.qk_items_per_head;
+  const int n_all = n_qk + p.num_kv_heads * p.v_items_per_head;
+  const int per_block = (n_all + gridDim.y - 1) / gridDim.y;
+  const int end = min(n_all, static_cast<int>(blockIdx.y) * per_block + per_block);
 
-  Item<T, W> cur;
-  int64_t item = begin + threadIdx.x;
-  if (item < end) cur.fetch(p, ptr, t, item, n_qk);
-
+  // One item in flight per thread, its loads issued before the cos/sin table
+  // so they overlap that work and the round trip for the position. Holding
+  // two raised register use to 71 and lost a sixth of the bandwidth; staging
+  // all of a thread's items through shared memory with cp.async lost a
+  // quarter (bench/RESULTS.md, 2026-11-29).
+  Item<T, W> it;
+  int item = static_cast<int>(blockIdx.y) * per_block + threadIdx.x;
+  if (item < end) {
+    it.locate(p, ptr, t, item, n_qk);
+    it.load();
+  }
+  if constexpr (kPrefetch) {
+    for (int later = item + blockDim.x; later < end; later += blockDim.x) {
+      Item<T, W> ahead;
+      ahead.locate(p, ptr, t, later, n_qk);
+      ahead.prefetch();
+    }
+  }
   // One table per block: a copy per warp (no block barrier) measured slower,
   // the extra cos/sin work costing more than the barrier (bench/RESULTS.md).
   for (int i = threadIdx.x; i < half; i += blockDim.x) cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i);
   __syncthreads();
-
-  // One item in flight per thread: holding two (fetching the next before
-  // finishing the current) raised register use to 71 and lost a sixth of the
-  // bandwidth at large T on the H200 (bench/RESULTS.md, 2026-11-29).
   while (item < end) {
-    cur.finish(p, ptr, cs, slot, write_pool);
+    it.finish(p, ptr, cs, slot, write_pool);
     item += blockDim.x;
-    if (item < end) cur.fetch(p, ptr, t, item, n_qk);
+    if (item < end) {
+      it.locate(p, ptr, t, item, n_qk);
+      it.load();
+    }
   }
 }
 
@@ -245,11 +274,12 @@ cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaSt
   const core::RopeCudaLaunch shape =
       core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens, kThreads, ATTNPREP_ROPE_SPLIT_BELOW);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(shape.splits));
-  if (p.width == 1)
-    rope_pool_kernel<T, 1><<<grid, shape.threads, 0, stream>>>(p, ptrs);
-  else
-    rope_pool_kernel<T, 16 / sizeof(T)><<<grid, shape.threads, 0, stream>>>(p, ptrs);
-  return cudaGetLastError();
+  const dim3 block(shape.threads);
+  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, false>, grid, block, stream, p, ptrs);
+  constexpr int V = 16 / sizeof(T);
+  if (p.num_tokens >= ATTNPREP_ROPE_PREFETCH_FROM)
+    return launch_kernel(rope_pool_kernel<T, V, true>, grid, block, stream, p, ptrs);
+  return launch_kernel(rope_pool_kernel<T, V, false>, grid, block, stream, p, ptrs);
 }
 
 }  // namespace
@@ -257,7 +287,10 @@ cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaSt
 cudaError_t rope_pool(const RopePoolParams& params, const RopePoolPointers& ptrs, core::DType dtype,
                       cudaStream_t stream) {
   if (params.num_tokens == 0) return cudaSuccess;
-  if (params.num_tokens >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
+  // grid.x holds the tokens; item indices within a token are 32-bit, with
+  // room for a block's last round past the token's end.
+  if (params.num_tokens >= (int64_t{1} << 31) || core::rope_items_per_token(params) >= (int64_t{1} << 30))
+    return cudaErrorInvalidConfiguration;
   switch (dtype) {
     case core::DType::Float16: return launch<__half>(params, ptrs, stream);
     case core::DType::BFloat16: return launch<__nv_bfloat16>(params, ptrs, stream);

@@ -1,5 +1,7 @@
 #include "cuda/strided_copy.h"
 
+#include "cuda/launch.h"
+
 #include <cstdint>
 
 namespace attnprep::cuda {
@@ -24,6 +26,7 @@ template <typename V, bool Index32, int kUnroll>
 __global__ void __launch_bounds__(kThreads) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
   const unsigned njobs = static_cast<unsigned>(plan.njobs);
   const CopyJobPlan& job = plan.jobs[blockIdx.x % njobs];
+  wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
   const int64_t chunk = blockIdx.x / njobs;
   const int64_t base = chunk * (kThreads * kUnroll) + threadIdx.x;
   V value[kUnroll];
@@ -47,11 +50,8 @@ template <typename V, int kUnroll>
 cudaError_t launch_unrolled(const StridedCopyPlan& plan, cudaStream_t stream) {
   const int64_t per_block = kThreads * kUnroll;
   const dim3 grid(static_cast<unsigned>((plan.max_total + per_block - 1) / per_block * plan.njobs));
-  if (plan.index_bits == 32)
-    strided_copy_kernel<V, true, kUnroll><<<grid, kThreads, 0, stream>>>(plan);
-  else
-    strided_copy_kernel<V, false, kUnroll><<<grid, kThreads, 0, stream>>>(plan);
-  return cudaGetLastError();
+  if (plan.index_bits == 32) return launch_kernel(strided_copy_kernel<V, true, kUnroll>, grid, dim3(kThreads), stream, plan);
+  return launch_kernel(strided_copy_kernel<V, false, kUnroll>, grid, dim3(kThreads), stream, plan);
 }
 
 template <typename V>

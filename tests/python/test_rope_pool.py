@@ -279,6 +279,41 @@ def test_positions_and_sizes(device, pos_dtype, T):
 
 @requires_gpu
 @on_devices
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("rot", [256, 96], ids=["full", "partial"])
+def test_many_items_per_token(device, dtype, is_neox, rot):
+    """From 1024 tokens a CUDA block serves a whole token; with 48/8 heads of
+    256 a token is 1152 (16-bit) or 2304 (fp32) 16-byte items: 9 or 18 rounds of
+    128 threads, so several staging chunks per thread. Slices of a fused
+    projection."""
+    case = make_case(device, 1031, 48, 8, 256, dtype, fused=True, seed=rot)
+    check_case(*case, rot=rot, is_neox=is_neox)
+
+
+@requires_gpu
+@on_devices
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+def test_from_4096_tokens(device, is_neox, inplace):
+    """From 4096 tokens the CUDA kernel also prefetches each thread's later
+    items into L2 (ATTNPREP_ROPE_PREFETCH_FROM): a different instantiation."""
+    case = make_case(device, 4501, 32, 8, 128, torch.bfloat16, fused=True, seed=3)
+    check_case(*case, is_neox=is_neox, inplace=inplace)
+
+
+@requires_gpu
+@on_devices
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+def test_many_items_per_token_with_cache(device, is_neox):
+    cache = llama3_cos_sin_cache(128, 4096).to(device)
+    case = make_case(device, 1500, 32, 8, 128, torch.bfloat16, max_pos=4096, seed=7)
+    case[4][::5] = -1  # some tokens skip the pool
+    check_case(*case, cache=cache, is_neox=is_neox)
+
+
+@requires_gpu
+@on_devices
 def test_large_angles_are_accurate(device):
     """Positions near 2^20 with inv_freq[0] = 1: angles of ~1e6 rad need real range reduction."""
     case = make_case(device, 64, 4, 4, 64, torch.float32, seed=5)
@@ -422,6 +457,54 @@ def test_empty(device):
     q_rot, k_rot, _, _ = rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=64, num_qo_heads=8,
                                          num_kv_heads=2, rope_base=1e4)
     assert q_rot.shape == (0, 8, 64) and k_rot.shape == (0, 2, 64) and same_bits(k_pool, before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("T", [8, 1500])
+def test_dependent_calls_back_to_back(T):
+    """Each call rotates the previous call's q_rot/k_rot, copies its k_rot as v,
+    and rewrites the same pool rows, with no other kernel in between. Where
+    kernels launch with programmatic dependent launch (compute capability 9.0
+    and up) the next one starts before the previous ends and must wait for its
+    writes: eagerly and as one CUDA graph, the chain must be bit-equal to the
+    same calls with a synchronize after each (the kernel is deterministic)."""
+    q, k, v, positions, slots, k_pool, v_pool = make_case("cuda", T, 32, 8, 128, torch.bfloat16, seed=T)
+    kw = dict(head_dim=128, num_qo_heads=32, num_kv_heads=8, rope_base=1e4)
+    pools0 = (k_pool.clone(), v_pool.clone())
+
+    def chain(sync):
+        a, b, c = q, k, v
+        outs = []
+        for _ in range(6):
+            a, b, _, _ = rope_pool_fused(a, b, c, positions, slots, k_pool, v_pool, **kw)
+            if sync:
+                torch.cuda.synchronize()
+            c = b
+            outs += [a, b]
+        return outs
+
+    def reset_pools():
+        k_pool.copy_(pools0[0])
+        v_pool.copy_(pools0[1])
+
+    want = [o.clone() for o in chain(sync=True)]
+    want_pools = (k_pool.clone(), v_pool.clone())
+    assert same_bits(want_pools[1][slots], want[-3])  # v of the last call: k_rot of the one before
+    for check in ("eager", "graph"):
+        reset_pools()
+        if check == "eager":
+            got = chain(sync=False)
+        else:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                got = chain(sync=False)
+            reset_pools()
+            for o in got:
+                o.copy_(poison_like(o.shape, o.dtype, o.device))
+            g.replay()
+        torch.cuda.synchronize()
+        assert all(same_bits(x, y) for x, y in zip(got, want)), check
+        assert same_bits(k_pool, want_pools[0]) and same_bits(v_pool, want_pools[1]), check
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

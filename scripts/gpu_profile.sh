@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Nsight Compute profiles of the installed attnprep's kernels at the
+# benchmark shapes (needs a machine where ncu reads the counters: see the
+# device notes). Clocks are left alone (--clock-control none). Writes
+# $OUT/ncu_<name>.ncu-rep, a details page and the per-instruction (SASS)
+# source page with stall samples, and prints the headline metrics.
+#   scripts/gpu_profile.sh rope:8 rope:8192 pack:32768,24,128,8
+# TAG=name prefixes the output files (one set per build variant).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+NCU=${NCU:-ncu}
+
+for spec in "$@"; do
+  op=${spec%%:*}
+  arg=${spec#*:}
+  name="${TAG:+${TAG}_}${op}_$(echo "$arg" | tr ',' '_')"
+  case $op in
+    rope)
+      kernel=rope_pool_kernel
+      code="
+import torch, attnprep
+T = $arg
+q = torch.randn(T, 32, 128, device='cuda', dtype=torch.bfloat16)
+k = torch.randn(T, 8, 128, device='cuda', dtype=torch.bfloat16)
+v = torch.randn_like(k)
+pos = torch.randint(0, 131072, (T,), device='cuda')
+slots = torch.randperm(1_000_000, device='cuda')[:T]
+kp = torch.zeros(1_000_000, 8, 128, device='cuda', dtype=torch.bfloat16)
+vp = torch.zeros_like(kp)
+for _ in range(3):
+    attnprep.rope_pool_fused(q, k, v, pos, slots, kp, vp, head_dim=128, num_qo_heads=32, num_kv_heads=8, rope_base=1e4)
+torch.cuda.synchronize()" ;;
+    pack)
+      kernel=strided_copy_kernel
+      code="
+import torch, attnprep
+rows, heads, d, world = ($arg)
+q, k, v = (torch.randn(rows, heads, d, device='cuda', dtype=torch.bfloat16) for _ in range(3))
+for _ in range(3):
+    attnprep.pack_qkv_destination_major(q, k, v, world_size=world)
+torch.cuda.synchronize()" ;;
+    *) echo "unknown op $op"; continue ;;
+  esac
+  $NCU --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 --set full \
+    --import-source no -f -o "$OUT/ncu_$name" $PY -c "$code" > "$OUT/ncu_$name.log" 2>&1 ||
+    { echo "ncu $name failed:"; tail -5 "$OUT/ncu_$name.log"; continue; }
+  $NCU -i "$OUT/ncu_$name.ncu-rep" --page details > "$OUT/ncu_${name}_details.txt" 2>&1
+  $NCU -i "$OUT/ncu_$name.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_${name}_sass.csv" 2>&1
+  echo "## ncu $name"
+  grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Issued Warp|L2 Hit Rate|Waves Per SM|No Eligible" \
+    "$OUT/ncu_${name}_details.txt" | sed 's/  */ /g' | head -24
+done

@@ -1,0 +1,56 @@
+// How this library's kernels are launched: with programmatic dependent launch
+// (PDL) on GPUs that have it (compute capability 9.0 and up), so that a
+// kernel's launch overlaps the end of the kernel before it on the stream.
+//
+// The contract, for every kernel launched through launch_kernel():
+//   - it calls wait_for_prior_kernels() before its first global memory access,
+//     read or write: from there on every earlier kernel on the stream has
+//     finished and its writes are visible, exactly as without PDL;
+//   - only parameter arithmetic may come before that call.
+// The same call lets the next kernel on the stream be scheduled early; a
+// dependent kernel launched with PDL must itself wait before it reads this
+// kernel's outputs (the rule above), and one launched without PDL is ordered
+// as usual. ATTNPREP_PDL=0 in the environment turns PDL off (read once);
+// set_pdl_mode() overrides it for the process (benchmarks compare both).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace attnprep::cuda {
+
+__device__ __forceinline__ void wait_for_prior_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Whether launches on the current device use PDL: the mode, and the device's
+// compute capability (cached per device).
+bool pdl_on_current_device();
+// -1: as the environment says (the default), 0: off, 1: on where supported.
+void set_pdl_mode(int mode);
+
+// Launches `kernel` and returns the launch status; a failed launch leaves no
+// pending error behind for the next CUDA call on this thread to trip over.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  if (pdl_on_current_device()) {
+    config.attrs = pdl;
+    config.numAttrs = 1;
+  }
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  return err;
+}
+
+}  // namespace attnprep::cuda
