@@ -49,7 +49,7 @@ def inputs(rows, heads, dim, fused, dtype=torch.bfloat16):
     return tuple(torch.randn(rows, heads, dim, device="cuda", dtype=dtype) for _ in range(3))
 
 
-def run(quick: bool = False):
+def run(quick: bool = False, peers: bool = True):
     iters = 10 if quick else 50
     shapes = SHAPES[2:3] + SHAPES[-1:] if quick else SHAPES
     rows_out = []
@@ -64,8 +64,10 @@ def run(quick: bool = False):
         t_ours = common.median_ms([lambda s=s, o=o: attnprep.pack_qkv_destination_major(*s, world, out=o)
                                    for s, o in zip(sets, outs)], iters)
         t_alloc = common.median_ms([lambda s=s: attnprep.pack_qkv_destination_major(*s, world) for s in sets], iters)
-        t_eager = common.median_ms([lambda s=s: torch_pack(*s, world) for s in sets], iters)
-        t_comp = common.median_ms([lambda s=s: compiled_pack(*s, world) for s in sets], iters)
+        t_eager = t_comp = float("nan")
+        if peers:
+            t_eager = common.median_ms([lambda s=s: torch_pack(*s, world) for s in sets], iters)
+            t_comp = common.median_ms([lambda s=s: compiled_pack(*s, world) for s in sets], iters)
         t_copy = common.copy_ms(nbytes // 2, iters)
         del sets, outs
         rows_out.append([f"({rows}, {heads}, {dim}, {world}){' fused' if fused else ''}",
@@ -78,6 +80,8 @@ def run(quick: bool = False):
          "torch.compile us", "compile % of copy", "eager us", "eager % of copy", "speed-up vs compile"],
         rows_out)
 
+    if not peers:
+        return
     small = []
     floor = common.empty_kernel_replay_us()
     with common.pdl(True):
@@ -118,4 +122,6 @@ def run(quick: bool = False):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
-    run(p.parse_args().quick)
+    p.add_argument("--no-peers", action="store_true", help="attnprep and copy only, large shapes (tuning runs)")
+    a = p.parse_args()
+    run(a.quick, not a.no_peers)
