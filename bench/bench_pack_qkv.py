@@ -80,8 +80,6 @@ def run(quick: bool = False, peers: bool = True):
          "torch.compile us", "compile % of copy", "eager us", "eager % of copy", "speed-up vs compile"],
         rows_out)
 
-    if not peers:
-        return
     small = []
     floor = common.empty_kernel_replay_us()
     with common.pdl(True):
@@ -93,13 +91,15 @@ def run(quick: bool = False, peers: bool = True):
         for on in (True, False):
             with common.pdl(on):
                 times.append(common.graph_replay_us(lambda: attnprep.pack_qkv_destination_major(q, k, v, 8, out=out)))
-        tc = common.graph_replay_us(lambda: compiled_pack(q, k, v, 8))
+        tc = common.graph_replay_us(lambda: compiled_pack(q, k, v, 8)) if peers else float("nan")
         small.append([rows, times[0], times[1], floor, times[0] / floor, times[1] / floor, pdl_floor, tc])
     common.print_table(
         f"CUDA-graph replay per call, (rows, 8, 128, world 8) bf16 (PDL available: {common.pdl_available()})",
         ["rows", "attnprep us", "attnprep, PDL off us", "empty kernel us", "ratio to empty kernel",
          "ratio, PDL off", "empty PDL kernel us", "torch.compile us"], small)
 
+    if not peers:
+        return
     q, k, v = inputs(1, 8, 128, False)
     out = torch.empty(8, 1, 1, 384, device="cuda", dtype=torch.bfloat16)
     q0, k0, v0, out0 = q[:0], k[:0], v[:0], out[:, :0]
@@ -122,6 +122,6 @@ def run(quick: bool = False, peers: bool = True):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--no-peers", action="store_true", help="attnprep and copy only, large shapes (tuning runs)")
+    p.add_argument("--no-peers", action="store_true", help="no peers, no host-overhead table (tuning runs)")
     a = p.parse_args()
     run(a.quick, not a.no_peers)

@@ -3,7 +3,10 @@
 // (python/attnprep/_bench.py: 200 replays, median of 5). It says what part of
 // an op's small-shape replay time any kernel pays: the launch itself, the
 // kernel's parameter block, one round trip to memory, and a load whose address
-// comes from another load (positions/slots -> pool rows).
+// comes from another load (positions/slots -> pool rows); and the same kernels
+// launched with programmatic dependent launch (PDL) the way attnprep launches
+// (src/cuda/launch.h: wait for the kernel before, then let the next one start),
+// which is the floor for attnprep's own small calls.
 //   nvcc -O3 -std=c++17 -arch=sm_90 bench/launch_floor.cu -o /tmp/launch_floor && /tmp/launch_floor
 #include <cuda_runtime.h>
 
@@ -46,6 +49,55 @@ __global__ void copy_kernel(const __grid_constant__ Blob<P> blob, const uint4* s
 __global__ void indexed_copy_kernel(const int* index, const uint4* src, uint4* dst) {
   const int row = index[0];
   dst[row * 128 + threadIdx.x] = src[threadIdx.x];
+}
+
+template <typename... Params, typename... Args>
+void launch_pdl_grid(void (*kernel)(Params...), int blocks, int threads, cudaStream_t s, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.stream = s;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl;
+  config.numAttrs = 1;
+  CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+__device__ __forceinline__ void pdl_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+__global__ void pdl_empty_kernel() { pdl_wait(); }
+
+__global__ void pdl_copy_kernel(const uint4* src, uint4* dst) {
+  pdl_wait();
+  dst[threadIdx.x] = src[threadIdx.x];
+}
+
+// The same with a parameter block of P bytes, one byte of it read before the wait.
+template <int P>
+__global__ void pdl_param_copy_kernel(const __grid_constant__ Blob<P> blob, const uint4* src, uint4* dst) {
+  const unsigned char b = blob.b[threadIdx.x % P];
+  pdl_wait();
+  uint4 v = src[threadIdx.x];
+  v.x ^= b;
+  dst[threadIdx.x] = v;
+}
+
+// One load, then a second load whose address depends on it, then the store:
+// rope's chain (position -> cos/sin -> rotated row), without the arithmetic.
+__global__ void pdl_indexed_copy_kernel(const int* index, const uint4* src, uint4* dst) {
+  pdl_wait();
+  const int row = index[0];
+  dst[threadIdx.x] = src[row * 128 + threadIdx.x];
+}
+
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), int threads, cudaStream_t s, Args... args) {
+  launch_pdl_grid(kernel, 1, threads, s, args...);
 }
 
 template <typename Launch>
@@ -109,5 +161,17 @@ int main() {
               replay_us([&](cudaStream_t s) { copy_kernel<1280><<<1, 128, 0, s>>>(b1280, src, dst); }));
   std::printf("| copy 128 x 16 B to a row read from memory | %.3f |\n",
               replay_us([&](cudaStream_t s) { indexed_copy_kernel<<<1, 128, 0, s>>>(index, src, dst); }));
+  std::printf("| PDL: empty, waiting for the kernel before | %.3f |\n",
+              replay_us([&](cudaStream_t s) { launch_pdl(pdl_empty_kernel, 32, s); }));
+  std::printf("| PDL: copy 128 x 16 B after the wait | %.3f |\n",
+              replay_us([&](cudaStream_t s) { launch_pdl(pdl_copy_kernel, 128, s, (const uint4*)src, dst); }));
+  std::printf("| PDL: copy 128 x 16 B from a row read from memory | %.3f |\n",
+              replay_us([&](cudaStream_t s) { launch_pdl(pdl_indexed_copy_kernel, 128, s, (const int*)index, (const uint4*)src, dst); }));
+  std::printf("| PDL: copy 128 x 16 B after the wait, 640 B of parameters | %.3f |\n",
+              replay_us([&](cudaStream_t s) { launch_pdl(pdl_param_copy_kernel<640>, 128, s, b640, (const uint4*)src, dst); }));
+  std::printf("| PDL: copy 128 x 16 B after the wait, 1280 B of parameters | %.3f |\n",
+              replay_us([&](cudaStream_t s) { launch_pdl(pdl_param_copy_kernel<1280>, 128, s, b1280, (const uint4*)src, dst); }));
+  std::printf("| PDL: 3 blocks copy 128 x 16 B each, 640 B of parameters | %.3f |\n",
+              replay_us([&](cudaStream_t s) { launch_pdl_grid(pdl_param_copy_kernel<640>, 3, 128, s, b640, (const uint4*)src, dst); }));
   return 0;
 }

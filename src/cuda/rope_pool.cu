@@ -31,12 +31,13 @@ namespace {
 #ifndef ATTNPREP_ROPE_SPLIT_BELOW
 #define ATTNPREP_ROPE_SPLIT_BELOW 1024
 #endif
-// From this many tokens (about three waves of blocks on a 132-SM H200) a
-// thread asks L2 for its later items at the start: +1-2% of copy bandwidth at
-// 8192 and 32768 tokens, -3% at 2048 and slower small calls, where the
-// requests only add traffic (bench/RESULTS.md, 2026-11-29).
-#ifndef ATTNPREP_ROPE_PREFETCH_FROM
-#define ATTNPREP_ROPE_PREFETCH_FROM 4096
+// Where a block walks several rounds of items, a thread asks L2 for the item
+// it will take this many rounds later while it works on the current one, so
+// its next loads hit L2: 1 round ahead measured +2-3% of copy bandwidth from
+// 1024 tokens; 0 (none), 2 rounds ahead, and all later items at the start
+// measured slower (bench/RESULTS.md, 2026-11-29, fourth session).
+#ifndef ATTNPREP_ROPE_PREFETCH_AHEAD
+#define ATTNPREP_ROPE_PREFETCH_AHEAD 1
 #endif
 constexpr int kThreads = ATTNPREP_ROPE_THREADS;
 
@@ -187,13 +188,14 @@ struct Item {
 
 // (cos, sin) of frequency i at position pos: from rope_base, or read from
 // cos_sin_cache (NaN for a position outside the table, which is never read).
+// inv_freq_i is p.inv_freq[i], read by the caller (before the kernel's wait).
 __device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
-                                                bool pos_ok, int i) {
+                                                bool pos_ok, int i, float inv_freq_i) {
   float c, s;
   if (!p.use_cache) {
     // float32 angle; sin/cos correctly rounded at any magnitude, with no
     // slow path (core/angle_sincos.h says why not sincosf)
-    const float angle = __fmul_rn(static_cast<float>(pos), p.inv_freq[i]);
+    const float angle = __fmul_rn(static_cast<float>(pos), inv_freq_i);
     core::angle_sincos(angle, &s, &c);
   } else if (pos_ok) {
     const int half = p.rotary_dim / 2;
@@ -213,22 +215,29 @@ __device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const R
   return make_float2(c, s);
 }
 
+// Asks L2 for item `item` of token t (when the block has it).
+template <typename T, int W>
+__device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t,
+                                              int item, int end, int n_qk) {
+  if (item < end) {
+    Item<T, W> ahead;
+    ahead.locate(p, ptr, t, item, n_qk);
+    ahead.prefetch();
+  }
+}
+
 // Block (t, s): token t, the s-th of gridDim.y slices of its work items.
-// kPrefetch: request the thread's later items from L2 up front.
-template <typename T, int W, bool kPrefetch>
+// kAhead: while on an item, ask L2 for the one kAhead rounds later.
+template <typename T, int W, int kAhead>
 __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
     rope_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr) {
   __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
   const int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
-  wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
-  const int64_t pos = read_index(ptr.positions, t, p.positions_int64);
-  const int64_t slot = read_index(ptr.slots, t, p.slots_int64);
-  // A position outside cos_sin_cache must not be read: its rows become NaN
-  // and its pool write is skipped (check_slots=True reports it on the host).
-  const bool pos_ok = !p.use_cache || (pos >= 0 && pos < p.cache_len);
-  const bool write_pool = pos_ok && slot >= 0 && slot < p.pool_size;
 
+  // Parameter arithmetic only up to the wait: with PDL it overlaps the kernel
+  // before this one, and it includes the first reads of the parameter bank
+  // (cold at each launch) and the divisions that place the first item.
   // 32-bit item arithmetic (the launcher refuses tokens of 2^30 items): the
   // 64-bit divisions it replaced sat between the launch and the first load
   // (graph replay at T=8: 2.64 -> 2.44 us, bench/RESULTS.md).
@@ -236,7 +245,6 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
   const int n_all = n_qk + p.num_kv_heads * p.v_items_per_head;
   const int per_block = (n_all + gridDim.y - 1) / gridDim.y;
   const int end = min(n_all, static_cast<int>(blockIdx.y) * per_block + per_block);
-
   // One item in flight per thread, its loads issued before the cos/sin table
   // so they overlap that work and the round trip for the position. Holding
   // two raised register use to 71 and lost a sixth of the bandwidth; staging
@@ -244,20 +252,23 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
   // quarter (bench/RESULTS.md, 2026-11-29).
   Item<T, W> it;
   int item = static_cast<int>(blockIdx.y) * per_block + threadIdx.x;
-  if (item < end) {
-    it.locate(p, ptr, t, item, n_qk);
-    it.load();
-  }
-  if constexpr (kPrefetch) {
-    for (int later = item + blockDim.x; later < end; later += blockDim.x) {
-      Item<T, W> ahead;
-      ahead.locate(p, ptr, t, later, n_qk);
-      ahead.prefetch();
-    }
-  }
+  if (item < end) it.locate(p, ptr, t, item, n_qk);
+  const float first_inv_freq = !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
+
+  wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
+  const int64_t pos = read_index(ptr.positions, t, p.positions_int64);
+  const int64_t slot = read_index(ptr.slots, t, p.slots_int64);
+  // A position outside cos_sin_cache must not be read: its rows become NaN
+  // and its pool write is skipped (check_slots=True reports it on the host).
+  const bool pos_ok = !p.use_cache || (pos >= 0 && pos < p.cache_len);
+  const bool write_pool = pos_ok && slot >= 0 && slot < p.pool_size;
+  if (item < end) it.load();
+#pragma unroll
+  for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W>(p, ptr, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
   // One table per block: a copy per warp (no block barrier) measured slower,
   // the extra cos/sin work costing more than the barrier (bench/RESULTS.md).
-  for (int i = threadIdx.x; i < half; i += blockDim.x) cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i);
+  for (int i = threadIdx.x; i < half; i += blockDim.x)
+    cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? first_inv_freq : p.inv_freq[i]);
   __syncthreads();
   while (item < end) {
     it.finish(p, ptr, cs, slot, write_pool);
@@ -265,6 +276,7 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
     if (item < end) {
       it.locate(p, ptr, t, item, n_qk);
       it.load();
+      if constexpr (kAhead > 0) prefetch_item<T, W>(p, ptr, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
     }
   }
 }
@@ -275,11 +287,16 @@ cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaSt
       core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens, kThreads, ATTNPREP_ROPE_SPLIT_BELOW);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(shape.splits));
   const dim3 block(shape.threads);
-  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, false>, grid, block, stream, p, ptrs);
+  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, 0>, grid, block, stream, p, ptrs);
   constexpr int V = 16 / sizeof(T);
-  if (p.num_tokens >= ATTNPREP_ROPE_PREFETCH_FROM)
-    return launch_kernel(rope_pool_kernel<T, V, true>, grid, block, stream, p, ptrs);
-  return launch_kernel(rope_pool_kernel<T, V, false>, grid, block, stream, p, ptrs);
+  // One round per block (small calls, split tokens): nothing to ask for
+  // ahead, and the instantiation without it is leaner (graph replay at
+  // T=1..128: 0.04 us faster).
+  const int64_t items = core::rope_items_per_token(p);
+  const int64_t per_block = (items + shape.splits - 1) / shape.splits;
+  if (per_block > shape.threads)
+    return launch_kernel(rope_pool_kernel<T, V, ATTNPREP_ROPE_PREFETCH_AHEAD>, grid, block, stream, p, ptrs);
+  return launch_kernel(rope_pool_kernel<T, V, 0>, grid, block, stream, p, ptrs);
 }
 
 }  // namespace

@@ -26,20 +26,26 @@ template <typename V, bool Index32, int kUnroll>
 __global__ void __launch_bounds__(kThreads) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
   const unsigned njobs = static_cast<unsigned>(plan.njobs);
   const CopyJobPlan& job = plan.jobs[blockIdx.x % njobs];
-  wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
   const int64_t chunk = blockIdx.x / njobs;
   const int64_t base = chunk * (kThreads * kUnroll) + threadIdx.x;
-  V value[kUnroll];
-  int64_t dst[kUnroll];
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
+  int64_t src[kUnroll], dst[kUnroll];
+  auto locate = [&](int u) {
     const int64_t idx = base + u * kThreads;
     dst[u] = -1;
-    if (idx < job.total) {
-      int64_t src;
-      core::copy_offsets<Index32>(job, idx, sizeof(V), src, dst[u]);
-      value[u] = __ldg(reinterpret_cast<const V*>(job.src + src));
-    }
+    if (idx < job.total) core::copy_offsets<Index32>(job, idx, sizeof(V), src[u], dst[u]);
+  };
+  // A small copy (one vector per thread) places its vector before the wait:
+  // parameter arithmetic only, which with PDL overlaps the kernel before this
+  // one, cold parameter-bank reads included (graph replay of pack at rows=1:
+  // 0.94 -> 0.87 us). A large copy places each vector just before its load:
+  // placing all four first measured 0.3-0.7% slower (bench/RESULTS.md).
+  if constexpr (kUnroll == 1) locate(0);
+  wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
+  V value[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if constexpr (kUnroll > 1) locate(u);
+    if (dst[u] >= 0) value[u] = __ldg(reinterpret_cast<const V*>(job.src + src[u]));
   }
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u)

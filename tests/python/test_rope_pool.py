@@ -295,10 +295,13 @@ def test_many_items_per_token(device, dtype, is_neox, rot):
 @on_devices
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
-def test_from_4096_tokens(device, is_neox, inplace):
-    """From 4096 tokens the CUDA kernel also prefetches each thread's later
-    items into L2 (ATTNPREP_ROPE_PREFETCH_FROM): a different instantiation."""
-    case = make_case(device, 4501, 32, 8, 128, torch.bfloat16, fused=True, seed=3)
+@pytest.mark.parametrize("tokens", [1023, 1024, 4501])
+def test_either_side_of_one_block_per_token(device, is_neox, inplace, tokens):
+    """Below 1024 tokens each CUDA block serves one round of a token's items;
+    from 1024 a block walks all of a token's rounds and asks L2 for each
+    thread's next item ahead (ATTNPREP_ROPE_PREFETCH_AHEAD): another
+    instantiation of the kernel."""
+    case = make_case(device, tokens, 32, 8, 128, torch.bfloat16, fused=True, seed=tokens)
     check_case(*case, is_neox=is_neox, inplace=inplace)
 
 
