@@ -10,13 +10,22 @@ namespace {
 using core::CopyJobPlan;
 using core::StridedCopyPlan;
 
-constexpr int kThreads = 256;
+// Block size and vectors per thread of a large copy, overridable at build
+// time for tuning runs (scripts/gpu_tune.sh); the defaults are measured
+// (bench/RESULTS.md).
+#ifndef ATTNPREP_COPY_THREADS
+#define ATTNPREP_COPY_THREADS 256
+#endif
+#ifndef ATTNPREP_COPY_UNROLL
+#define ATTNPREP_COPY_UNROLL 4
+#endif
+constexpr int kThreads = ATTNPREP_COPY_THREADS;
 // Vectors per thread, all loads issued before the stores: 4 for large copies
 // (fewer blocks, more bytes in flight per thread); 1 when the copy is so small
 // that 4 per thread would leave most multiprocessors idle (a few hundred
 // blocks at most), where spreading it wide shortens the one round trip
 // (pack at rows=65: graph replay 2.33 -> 1.58 us, bench/RESULTS.md).
-constexpr int kUnrollLarge = 4;
+constexpr int kUnrollLarge = ATTNPREP_COPY_UNROLL;
 constexpr int64_t kSmallCopyBlocks = 256;
 
 // Blocks alternate between jobs (block b serves job b % njobs): the jobs of
