@@ -62,9 +62,12 @@ inline int64_t rope_items_per_token(const RopePoolParams& p) {
 // spread over `splits` blocks, one round each, so a small call costs about
 // one memory round trip instead of several. (The kernel loops when a block's
 // slice is longer than one round, so any split count is correct.)
+// `several_rounds`: a block walks more than one round, so the kernel that
+// asks L2 for each thread's next item ahead is worth launching.
 struct RopeCudaLaunch {
   int32_t threads;
   int64_t splits;
+  bool several_rounds;
 };
 inline RopeCudaLaunch plan_rope_cuda_launch(int64_t items, int64_t num_tokens, int32_t max_threads,
                                             int64_t split_below) {
@@ -74,7 +77,8 @@ inline RopeCudaLaunch plan_rope_cuda_launch(int64_t items, int64_t num_tokens, i
   threads = threads < 32 ? 32 : (threads > max_threads ? max_threads : threads);
   // gridDim.y stops at 65535; past that a block walks several rounds.
   const int64_t splits = num_tokens >= split_below ? 1 : (rounds < 65535 ? rounds : 65535);
-  return {static_cast<int32_t>(threads), splits};
+  const int64_t per_block = (items + splits - 1) / splits;
+  return {static_cast<int32_t>(threads), splits, per_block > threads};
 }
 
 }  // namespace attnprep::core

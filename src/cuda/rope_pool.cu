@@ -292,9 +292,7 @@ cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaSt
   // One round per block (small calls, split tokens): nothing to ask for
   // ahead, and the instantiation without it is leaner (graph replay at
   // T=1..128: 0.04 us faster).
-  const int64_t items = core::rope_items_per_token(p);
-  const int64_t per_block = (items + shape.splits - 1) / shape.splits;
-  if (per_block > shape.threads)
+  if (shape.several_rounds)
     return launch_kernel(rope_pool_kernel<T, V, ATTNPREP_ROPE_PREFETCH_AHEAD>, grid, block, stream, p, ptrs);
   return launch_kernel(rope_pool_kernel<T, V, 0>, grid, block, stream, p, ptrs);
 }

@@ -139,7 +139,12 @@ TEST_CASE("CUDA launch shape: whole warps, whole rounds, one round per block whe
   const RopeCudaLaunch bench = plan_rope_cuda_launch(448, 8192, 128, 1024);  // 32/8 heads, head_dim 128, bf16
   CHECK_EQ(bench.threads, 128);
   CHECK_EQ(bench.splits, 1);
+  CHECK(bench.several_rounds);  // 3.5 rounds: the kernel with the L2 requests ahead
   CHECK_EQ(plan_rope_cuda_launch(448, 8, 128, 1024).splits, 4);
+  CHECK(!plan_rope_cuda_launch(448, 1023, 128, 1024).several_rounds);
+  CHECK(plan_rope_cuda_launch(448, 1024, 128, 1024).several_rounds);
+  CHECK(!plan_rope_cuda_launch(128, 4096, 128, 1024).several_rounds);  // one round even unsplit
+  CHECK(plan_rope_cuda_launch(int64_t{1} << 30, 8, 128, 1024).several_rounds);  // past the split limit
   CHECK_EQ(plan_rope_cuda_launch(24, 8, 128, 1024).threads, 32);
   CHECK_EQ(plan_rope_cuda_launch(0, 8, 128, 1024).threads, 32);
   CHECK_EQ(plan_rope_cuda_launch(0, 8, 128, 1024).splits, 1);
@@ -154,7 +159,10 @@ TEST_CASE("CUDA launch shape: whole warps, whole rounds, one round per block whe
       CHECK(l.threads * rounds - items < 32 * rounds);         // less than a warp idle per round
       CHECK_EQ(l.splits, rounds);                              // split: one block per round...
       CHECK((items + l.splits - 1) / l.splits <= l.threads);   // ...each block's slice in one round
-      CHECK_EQ(plan_rope_cuda_launch(items, 1024, max_threads, 1024).splits, 1);
+      CHECK(!l.several_rounds);
+      const RopeCudaLaunch whole = plan_rope_cuda_launch(items, 1024, max_threads, 1024);
+      CHECK_EQ(whole.splits, 1);
+      CHECK_EQ(whole.several_rounds, items > whole.threads);
     }
 }
 
