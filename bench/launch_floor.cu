@@ -4,11 +4,12 @@
 // an op's small-shape replay time any kernel pays: the launch itself, the
 // kernel's parameter block, one round trip to memory, and a load whose address
 // comes from another load (positions/slots -> pool rows); and the same kernels
-// launched with programmatic dependent launch (PDL) the way attnprep launches
-// (src/cuda/launch.h: wait for the kernel before, then let the next one start),
-// which is the floor for attnprep's own small calls.
-//   nvcc -O3 -std=c++17 -arch=sm_90 bench/launch_floor.cu -o /tmp/launch_floor && /tmp/launch_floor
+// launched with programmatic dependent launch (PDL) through attnprep's own
+// launcher and wait (src/cuda/launch.h), the floor for attnprep's small calls.
+//   nvcc -O3 -std=c++17 -arch=sm_90 -Isrc bench/launch_floor.cu src/cuda/launch.cu -o /tmp/launch_floor && /tmp/launch_floor
 #include <cuda_runtime.h>
+
+#include "cuda/launch.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -51,29 +52,18 @@ __global__ void indexed_copy_kernel(const int* index, const uint4* src, uint4* d
   dst[row * 128 + threadIdx.x] = src[threadIdx.x];
 }
 
+using attnprep::cuda::wait_for_prior_kernels;
+
+// Launches as attnprep launches (PDL on compute capability 9.0+).
 template <typename... Params, typename... Args>
 void launch_pdl_grid(void (*kernel)(Params...), int blocks, int threads, cudaStream_t s, Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.stream = s;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = pdl;
-  config.numAttrs = 1;
-  CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, args...));
+  CHECK_CUDA(attnprep::cuda::launch_kernel(kernel, dim3(blocks), dim3(threads), s, args...));
 }
 
-__device__ __forceinline__ void pdl_wait() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
-__global__ void pdl_empty_kernel() { pdl_wait(); }
+__global__ void pdl_empty_kernel() { wait_for_prior_kernels(); }
 
 __global__ void pdl_copy_kernel(const uint4* src, uint4* dst) {
-  pdl_wait();
+  wait_for_prior_kernels();
   dst[threadIdx.x] = src[threadIdx.x];
 }
 
@@ -81,7 +71,7 @@ __global__ void pdl_copy_kernel(const uint4* src, uint4* dst) {
 template <int P>
 __global__ void pdl_param_copy_kernel(const __grid_constant__ Blob<P> blob, const uint4* src, uint4* dst) {
   const unsigned char b = blob.b[threadIdx.x % P];
-  pdl_wait();
+  wait_for_prior_kernels();
   uint4 v = src[threadIdx.x];
   v.x ^= b;
   dst[threadIdx.x] = v;
@@ -90,7 +80,7 @@ __global__ void pdl_param_copy_kernel(const __grid_constant__ Blob<P> blob, cons
 // One load, then a second load whose address depends on it, then the store:
 // rope's chain (position -> cos/sin -> rotated row), without the arithmetic.
 __global__ void pdl_indexed_copy_kernel(const int* index, const uint4* src, uint4* dst) {
-  pdl_wait();
+  wait_for_prior_kernels();
   const int row = index[0];
   dst[threadIdx.x] = src[row * 128 + threadIdx.x];
 }
