@@ -28,43 +28,56 @@ constexpr int kThreads = ATTNPREP_COPY_THREADS;
 constexpr int kUnrollLarge = ATTNPREP_COPY_UNROLL;
 constexpr int64_t kSmallCopyBlocks = 256;
 
-// Blocks alternate between jobs (block b serves job b % njobs): the jobs of
-// one op write interleaved parts of the same output rows, and running them
-// side by side keeps DRAM writes to whole rows instead of one third of each.
+// A large copy's blocks alternate between jobs along blockIdx.x (block b
+// serves job b % njobs): the jobs of one op write interleaved parts of the
+// same output rows, and running them side by side keeps DRAM writes to whole
+// rows instead of one third of each. A small copy's blocks, all on the GPU at
+// once, take their job from blockIdx.y instead, so that its first parameter
+// reads (each a cold miss at every launch) wait for no earlier one.
 template <typename V, bool Index32, int kUnroll>
 __global__ void __launch_bounds__(kThreads) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
-  const unsigned njobs = static_cast<unsigned>(plan.njobs);
-  const CopyJobPlan& job = plan.jobs[blockIdx.x % njobs];
+  const unsigned njobs = kUnroll == 1 ? 1u : static_cast<unsigned>(plan.njobs);
+  const CopyJobPlan& job = plan.jobs[kUnroll == 1 ? blockIdx.y : blockIdx.x % njobs];
   const int64_t chunk = blockIdx.x / njobs;
   const int64_t base = chunk * (kThreads * kUnroll) + threadIdx.x;
-  int64_t src[kUnroll], dst[kUnroll];
+  const unsigned char* src[kUnroll];
+  unsigned char* dst[kUnroll];
+  bool has[kUnroll];
   auto locate = [&](int u) {
     const int64_t idx = base + u * kThreads;
-    dst[u] = -1;
-    if (idx < job.total) core::copy_offsets<Index32>(job, idx, sizeof(V), src[u], dst[u]);
+    has[u] = idx < job.total;
+    if (has[u]) {
+      int64_t from, to;
+      core::copy_offsets<Index32>(job, idx, sizeof(V), from, to);
+      src[u] = job.src + from;
+      dst[u] = job.dst + to;
+    }
   };
-  // A small copy (one vector per thread) places its vector before the wait:
-  // parameter arithmetic only, which with PDL overlaps the kernel before this
-  // one, cold parameter-bank reads included (graph replay of pack at rows=1:
-  // 0.94 -> 0.87 us). A large copy places each vector just before its load:
-  // placing all four first measured 0.3-0.7% slower (bench/RESULTS.md).
+  // A small copy (one vector per thread) places its vector, addresses and
+  // all, before the wait: parameter arithmetic only, which with PDL overlaps
+  // the kernel before this one, cold parameter-bank reads included (graph
+  // replay of pack at rows=1: 0.94 -> 0.87 us). A large copy places each
+  // vector just before its load: placing all four first measured 0.3-0.7%
+  // slower (bench/RESULTS.md).
   if constexpr (kUnroll == 1) locate(0);
   wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
   V value[kUnroll];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     if constexpr (kUnroll > 1) locate(u);
-    if (dst[u] >= 0) value[u] = __ldg(reinterpret_cast<const V*>(job.src + src[u]));
+    if (has[u]) value[u] = __ldg(reinterpret_cast<const V*>(src[u]));
   }
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u)
-    if (dst[u] >= 0) *reinterpret_cast<V*>(job.dst + dst[u]) = value[u];
+    if (has[u]) *reinterpret_cast<V*>(dst[u]) = value[u];
 }
 
 template <typename V, int kUnroll>
 cudaError_t launch_unrolled(const StridedCopyPlan& plan, cudaStream_t stream) {
   const int64_t per_block = kThreads * kUnroll;
-  const dim3 grid(static_cast<unsigned>((plan.max_total + per_block - 1) / per_block * plan.njobs));
+  const unsigned chunks = static_cast<unsigned>((plan.max_total + per_block - 1) / per_block);
+  const unsigned njobs = static_cast<unsigned>(plan.njobs);
+  const dim3 grid = kUnroll == 1 ? dim3(chunks, njobs) : dim3(chunks * njobs);
   if (plan.index_bits == 32) return launch_kernel(strided_copy_kernel<V, true, kUnroll>, grid, dim3(kThreads), stream, plan);
   return launch_kernel(strided_copy_kernel<V, false, kUnroll>, grid, dim3(kThreads), stream, plan);
 }
