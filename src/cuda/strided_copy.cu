@@ -44,6 +44,9 @@ __global__ void __launch_bounds__(kThreads) strided_copy_kernel(const __grid_con
   const unsigned char* src[kUnroll];
   unsigned char* dst[kUnroll];
   bool has[kUnroll];
+  // The bounds branch also keeps the small path's parameter reads before the
+  // wait: computed for every thread without it, ptxas placed the wait above
+  // all of them (sm_90 SASS, bench/RESULTS.md, fifth session).
   auto locate = [&](int u) {
     const int64_t idx = base + u * kThreads;
     has[u] = idx < job.total;
