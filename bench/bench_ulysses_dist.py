@@ -1,6 +1,7 @@
 """Ulysses attention across GPUs: correctness and the exchange's speed.
 
     torchrun --nproc-per-node 8 bench/bench_ulysses_dist.py            # NCCL, one GPU per rank
+    python bench/bench_ulysses_dist.py                                  # the same, one rank per visible GPU
     python bench/bench_ulysses_dist.py --spawn 2 --backend gloo --smoke  # CPU check of the script itself
 
 1. Correctness: the layer's output on every rank equals single-device
@@ -13,7 +14,8 @@
    all_to_all_single in, all_to_all_single + permute().contiguous() out, at
    (global rows, heads, head_dim) = (41984, 56, 128), (75600, 40, 128),
    (65536, 24, 128). Median ms per exchange over 20 after 5 warm-ups, and
-   the speed-up. Rank 0 prints a table for bench/RESULTS.md.
+   the speed-up; and the local copies alone (pack vs the three permutes,
+   no exchange). Rank 0 prints a table for bench/RESULTS.md.
 
 Keep NCCL_NVLS_ENABLE=0 (set below if unset): NVLink multicast stays off.
 """
@@ -92,6 +94,11 @@ def main():
     p.add_argument("--smoke", action="store_true", help="small shapes (script check on CPU)")
     p.add_argument("--spawn", type=int, default=0, help="start N local processes instead of torchrun")
     a = p.parse_args()
+    if not a.spawn and "RANK" not in os.environ:  # not under torchrun: one rank per visible GPU
+        if a.backend == "nccl" and torch.cuda.device_count() < 2:
+            print("bench_ulysses_dist: needs 2+ CUDA devices (or --spawn N --backend gloo); nothing run")
+            return
+        a.spawn = torch.cuda.device_count() if a.backend == "nccl" else 2
     if a.spawn:
         import torch.multiprocessing as mp
 
@@ -128,16 +135,21 @@ def worker(rank, world, a):
             t_in_base = timed(lambda: baseline_in(q, k, v, world), device)
             t_out = timed(lambda: ulysses.gather_heads(o), device)
             t_out_base = timed(lambda: baseline_out(o, world), device)
+            # the local copies alone, no exchange: where the difference comes from
+            t_pack = timed(lambda: ulysses._pack(q, k, v, world), device)
+            t_perm = timed(lambda: [t.reshape(rows, world, heads // world, dim).permute(1, 0, 2, 3).contiguous()
+                                    for t in (q, k, v)], device)
             rows_out.append(f"| ({rows_g}, {heads}, {dim}) | {t_in:.3f} | {t_in_base:.3f} | {t_in_base / t_in:.2f}x | "
-                            f"{t_out:.3f} | {t_out_base:.3f} | {t_out_base / t_out:.2f}x |")
+                            f"{t_out:.3f} | {t_out_base:.3f} | {t_out_base / t_out:.2f}x | "
+                            f"{t_pack:.3f} | {t_perm:.3f} |")
         if rank == 0:
             nccl = ".".join(map(str, torch.cuda.nccl.version())) if a.backend == "nccl" else "-"
             print(f"\n### Ulysses exchange, {world} x {torch.cuda.get_device_name() if a.backend == 'nccl' else 'cpu'}"
                   f" | torch {torch.__version__} | NCCL {nccl} | {time.strftime('%Y-%m-%d')}\n")
             print("\n".join(lines))
             print("\n| (global rows, heads, head_dim) | in: attnprep ms | in: 3x permute+a2a ms | in speed-up |"
-                  " out: attnprep ms | out: a2a+permute ms | out speed-up |")
-            print("|---|---|---|---|---|---|---|")
+                  " out: attnprep ms | out: a2a+permute ms | out speed-up | pack alone ms | 3 permutes alone ms |")
+            print("|---|---|---|---|---|---|---|---|---|")
             print("\n".join(rows_out))
     finally:
         dist.destroy_process_group()

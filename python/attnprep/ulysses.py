@@ -23,6 +23,8 @@ of the world size (each rank gets ``H_kv / W`` kv heads) or divide it (each
 rank gets the one kv head its q heads use; replicated across ranks).
 Every rank must hold the same number of rows; ``validate=True`` (the
 default) checks that with one small all_gather and raises ValueError otherwise.
+Any dtype works: the output side merges float16/bfloat16/float32 with
+usp_merge_heads and other dtypes (float64, say) with torch's permute.
 """
 
 from __future__ import annotations
@@ -101,10 +103,14 @@ def _unpack(recv: Tensor, q_heads: int, kv_heads: int, dim: int, world: int):
     return x[:, :local_q], x[:, local_q: local_q + local_kv], x[:, local_q + local_kv:]
 
 
+# usp_merge_heads' dtypes (SPEC.md section 2); the layer merges others with torch
+_MERGE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
 def _merge(x: Tensor) -> Tensor:
     """[W, rows, h, D] received per head group -> [rows, W * h, D]."""
     world, rows, h, dim = x.shape
-    if x.is_cuda:
+    if x.is_cuda and x.dtype in _MERGE_DTYPES:
         return usp_merge_heads(x.view(world, rows, 1, h, dim)).view(rows, world * h, dim)
     return x.permute(1, 0, 2, 3).reshape(rows, world * h, dim)
 

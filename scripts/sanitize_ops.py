@@ -1,0 +1,213 @@
+"""Every CUDA op over its edge cases, for NVIDIA's compute-sanitizer.
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --error-exitcode 1 python3 scripts/sanitize_ops.py \
+        [pack] [merge] [rope | rope-quick]
+
+(scripts/gpu_sanitize.sh runs it under memcheck, racecheck, synccheck and
+initcheck.) The pytest suite checks the values; this checks the accesses:
+memcheck sees an out-of-bounds read or write only past the end of an
+allocation, so every tensor here is placed to END exactly where its
+allocation ends (`at_end`), and with torch's caching allocator off each
+allocation is its own cudaMalloc. A read or write one byte past any input,
+output or pool then is a reported error, not a silent one. Results are
+compared with plain torch all the same, so a run that computes nonsense
+fails too.
+
+Cases: sizes 0, 1, 17, 65 and ones large enough for the copy engine's
+four-vector path and the rope kernel's several rounds; 1-, 2-, 4- and 8-byte
+elements; 16-byte and unaligned addresses (the scalar paths); fused-slice
+inputs; out=; rope with partial rotary, GPT-J, cos_sin_cache (positions past
+its end), int32/int64 indices, slots -1 and >= pool_size, pools that are one
+layer of a multi-layer buffer, inplace.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+import attnprep
+from attnprep import _C, ulysses
+
+DEV = "cuda"
+CASES = 0
+
+
+def at_end(shape, dtype, strides=None, fill=True):
+    """A tensor whose last addressable element is the last one of its own
+    allocation (a multiple of 512 bytes, which is what torch asks cudaMalloc
+    for), so one element past it is outside every allocation."""
+    shape = tuple(shape)
+    if strides is None:
+        strides, acc = [], 1
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= max(n, 1)
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if all(shape) else 0
+    item = torch.empty((), dtype=dtype).element_size()
+    total = max(1, math.ceil(span * item / 512) * 512 // item)
+    buf = torch.empty(total, dtype=dtype, device=DEV)
+    if fill:
+        if dtype.is_floating_point and item > 1:
+            buf.copy_(torch.randn(total, device=DEV).to(dtype))
+        else:
+            buf.view(torch.uint8).copy_(torch.randint(0, 256, (total * item,), dtype=torch.uint8, device=DEV))
+    return buf.as_strided(shape, strides, total - span)
+
+
+def case(ok: bool, what: str):
+    global CASES
+    CASES += 1
+    if not ok:
+        raise AssertionError(what)
+
+
+def pack_ref(q, k, v, world):
+    rows, heads, dim = q.shape
+    parts = [t.reshape(rows, world, heads // world, dim) for t in (q, k, v)]
+    return torch.cat(parts, dim=-1).permute(1, 0, 2, 3).contiguous()
+
+
+def same(a, b):
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def check_pack():
+    for dtype in (torch.float8_e4m3fn, torch.bfloat16, torch.float64):
+        for world, heads in ((1, 3), (2, 4), (3, 6), (8, 8)):
+            for dim in (64, 80):
+                for rows in (0, 1, 17, 4099):
+                    q, k, v = (at_end((rows, heads, dim), dtype) for _ in range(3))
+                    want = pack_ref(q, k, v, world)
+                    case(same(attnprep.pack_qkv_destination_major(q, k, v, world), want), f"pack {dtype} {rows}")
+                    # slices of one fused projection, which ends where its allocation ends
+                    qkv = at_end((rows, 3 * heads * dim), dtype)
+                    q, k, v = (t.view(rows, heads, dim) for t in qkv.split(heads * dim, dim=1))
+                    out = at_end((world, rows, heads // world, 3 * dim), dtype, fill=False)
+                    attnprep.pack_qkv_destination_major(q, k, v, world, out=out)
+                    case(same(out, pack_ref(q, k, v, world)), f"pack fused out= {dtype} {rows}")
+                    # GQA pack of the Ulysses layer: kv heads split and replicated
+                    for kv in {max(1, world // 2), world}:
+                        if heads % kv:
+                            continue
+                        k2, v2 = (at_end((rows, kv, dim), dtype) for _ in range(2))
+                        got = _C._pack_qkv_gqa(q, k2, v2, world)
+                        case(same(got, ulysses._pack_torch(q, k2, v2, world)), f"gqa pack {dtype} {rows} {kv}")
+
+
+def check_merge():
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for shape in ((2, 1, 1, 1, 64), (8, 17, 1, 3, 128), (4, 65, 2, 5, 80), (2, 4099, 1, 8, 128), (3, 0, 1, 2, 64)):
+            x = at_end(shape, dtype)
+            case(same(attnprep.usp_merge_heads(x), x.permute(2, 1, 0, 3, 4).contiguous()), f"merge {shape}")
+            # a strided view: [S, W, B, h, D] storage read as [W, S, B, h, D]
+            y = at_end((shape[1], shape[0]) + shape[2:], dtype).transpose(0, 1)
+            case(same(attnprep.usp_merge_heads(y), y.permute(2, 1, 0, 3, 4).contiguous()), f"merge strided {shape}")
+
+
+def rope_ref(x, pos, rotary_dim, neox, base, cache):
+    """float64 rotation of [T, H, D] with the float32 angle of SPEC.md."""
+    half = rotary_dim // 2
+    if cache is None:
+        inv = (1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=DEV) / rotary_dim))).float()
+        ang = (pos.float()[:, None] * inv[None]).double()
+        cos, sin = ang.cos(), ang.sin()
+    else:
+        row = cache[pos.long().clamp(0, cache.shape[0] - 1)].double()
+        cos, sin = row[:, :half], row[:, half:]
+    out = x.double().clone()
+    r = out[..., :rotary_dim]
+    if neox:
+        a, b = r[..., :half].clone(), r[..., half:].clone()
+        r[..., :half], r[..., half:] = a * cos[:, None] - b * sin[:, None], b * cos[:, None] + a * sin[:, None]
+    else:
+        a, b = r[..., 0::2].clone(), r[..., 1::2].clone()
+        r[..., 0::2], r[..., 1::2] = a * cos[:, None] - b * sin[:, None], b * cos[:, None] + a * sin[:, None]
+    return out
+
+
+def close(got, want, dtype):
+    # a loose bound: values are the pytest suite's job, this only catches nonsense
+    tol = {torch.float16: 2e-2, torch.bfloat16: 1e-1, torch.float32: 1e-4}[dtype]
+    return bool(((got.double() - want).abs() <= tol * (1 + want.abs())).all())
+
+
+def check_rope(quick=False):
+    """quick: one dtype and two head sizes (for racecheck, the slowest tool)."""
+    hq, hkv, pool_size, layers = 4, 2, 1200, 3
+    for dtype in (torch.bfloat16,) if quick else (torch.float16, torch.bfloat16, torch.float32):
+        for dim in (80, 256) if quick else (64, 80, 256):
+            for rotary_dim, neox, cache_kind in ((dim, True, None), (dim // 2, True, None), (dim, False, None),
+                                                 (dim, True, torch.float32), (dim // 2, False, torch.bfloat16)):
+                for T, idx, inplace in ((0, torch.int32, False), (1, torch.int64, True), (17, torch.int32, True),
+                                        (1100, torch.int64, False)):
+                        qkv = at_end((T, (hq + 2 * hkv) * dim), dtype)
+                        parts = qkv.split([hq * dim, hkv * dim, hkv * dim], 1)
+                        q, k, v = (t.view(T, n, dim) for t, n in zip(parts, (hq, hkv, hkv)))
+                        cache_len = 50
+                        cache = None
+                        if cache_kind is not None:
+                            ang = torch.rand(cache_len, rotary_dim // 2, device=DEV) * 6.3
+                            cache = at_end((cache_len, rotary_dim), cache_kind)
+                            cache.copy_(torch.cat([ang.cos(), ang.sin()], dim=1).to(cache_kind))
+                        top = cache_len + 5 if cache is not None else 1 << 20  # some past the table
+                        positions = at_end((T,), idx, fill=False)
+                        positions.copy_(torch.randint(0, top, (T,), device=DEV).to(idx))
+                        slots = at_end((T,), idx, fill=False)
+                        slots.copy_(torch.randperm(pool_size + 40, device=DEV)[:T].to(idx) - 20)  # -20..pool+19
+                        # the last layer of a [layers, pool, hkv, dim] buffer: pool rows strided by layers
+                        kbuf, vbuf = (at_end((pool_size, layers, hkv, dim), dtype) for _ in range(2))
+                        k_pool, v_pool = kbuf[:, -1], vbuf[:, -1]
+                        k_before, v_before = kbuf.clone(), vbuf.clone()
+                        q0, k0, v0 = q.clone(), k.clone(), v.clone()
+                        q_rot, k_rot, kp, vp = attnprep.rope_pool_fused(
+                            q, k, v, positions, slots, k_pool, v_pool, head_dim=dim, num_qo_heads=hq,
+                            num_kv_heads=hkv, rope_base=10000.0, rotary_dim=rotary_dim, is_neox=neox,
+                            cos_sin_cache=cache, inplace=inplace)
+                        what = f"rope {dtype} dim {dim} rd {rotary_dim} neox {neox} cache {cache_kind} T {T}"
+                        ok_pos = torch.ones(T, dtype=torch.bool, device=DEV) if cache is None else \
+                            (positions.long() < cache_len)
+                        want_q = rope_ref(q0, positions, rotary_dim, neox, 10000.0, cache)[ok_pos]
+                        want_k = rope_ref(k0, positions, rotary_dim, neox, 10000.0, cache)
+                        case(close(q_rot[ok_pos], want_q, dtype) and close(k_rot[ok_pos], want_k[ok_pos], dtype), what)
+                        written = ok_pos & (slots.long() >= 0) & (slots.long() < pool_size)
+                        rows = slots.long()[written]
+                        case(same(vp[rows], v0[written]) and same(kp[rows], k_rot[written]), what + " pool")
+                        untouched = torch.ones(pool_size, dtype=torch.bool, device=DEV)
+                        untouched[rows] = False
+                        case(all(same(b[:, :-1], b0[:, :-1]) and same(b[:, -1][untouched], b0[:, -1][untouched])
+                                 for b, b0 in ((kbuf, k_before), (vbuf, v_before))), what + " pool rows not addressed")
+
+
+def planted():
+    """The positive control: q claims one row more than its allocation holds
+    (a view made through CuPy, which torch cannot check), so pack_qkv reads
+    past the end. Under memcheck this run must fail; if it passes, the
+    sanitizer (or its kernel filter) is not watching attnprep's kernels."""
+    import cupy
+
+    rows, heads, dim = 17, 8, 64
+    k, v = (at_end((rows + 1, heads, dim), torch.bfloat16) for _ in range(2))
+    out = at_end((2, rows + 1, heads // 2, 3 * dim), torch.bfloat16, fill=False)
+    q = at_end((rows, heads, dim), torch.bfloat16)  # the last allocation: nothing of ours lies past it
+    mem = cupy.cuda.UnownedMemory(q.data_ptr(), (rows + 1) * heads * dim * 2, q)
+    view = cupy.ndarray(((rows + 1) * heads * dim,), cupy.uint16, cupy.cuda.MemoryPointer(mem, 0))
+    q_long = torch.from_dlpack(view).view(torch.bfloat16).view(rows + 1, heads, dim)
+    attnprep.pack_qkv_destination_major(q_long, k, v, 2, out=out)
+    torch.cuda.synchronize()
+    case(True, "planted")
+
+
+def main(argv):
+    ops = argv or ["pack", "merge", "rope"]
+    for op in ops:
+        {"pack": check_pack, "merge": check_merge, "rope": check_rope, "rope-quick": lambda: check_rope(True),
+         "planted": planted}[op]()
+        torch.cuda.synchronize()
+    print(f"sanitize_ops: {CASES} checks passed ({', '.join(ops)})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
