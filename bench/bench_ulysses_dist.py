@@ -55,12 +55,17 @@ def timed(fn, device, iters=20, warmup=5):
     return statistics.median(times)
 
 
+def destination_major(t, world):
+    """[rows, heads, D] -> [W, rows, heads / W, D], the common way: one permute().contiguous()."""
+    rows, heads, dim = t.shape
+    return t.reshape(rows, world, heads // world, dim).permute(1, 0, 2, 3).contiguous()
+
+
 def baseline_in(q, k, v, world):
     """Three permute().contiguous() and three all_to_all_single."""
     outs = []
     for t in (q, k, v):
-        rows, heads, dim = t.shape
-        send = t.reshape(rows, world, heads // world, dim).permute(1, 0, 2, 3).contiguous()
+        send = destination_major(t, world)
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send)
         outs.append(recv)
@@ -137,8 +142,7 @@ def worker(rank, world, a):
             t_out_base = timed(lambda: baseline_out(o, world), device)
             # the local copies alone, no exchange: where the difference comes from
             t_pack = timed(lambda: ulysses._pack(q, k, v, world), device)
-            t_perm = timed(lambda: [t.reshape(rows, world, heads // world, dim).permute(1, 0, 2, 3).contiguous()
-                                    for t in (q, k, v)], device)
+            t_perm = timed(lambda: [destination_major(t, world) for t in (q, k, v)], device)
             rows_out.append(f"| ({rows_g}, {heads}, {dim}) | {t_in:.3f} | {t_in_base:.3f} | {t_in_base / t_in:.2f}x | "
                             f"{t_out:.3f} | {t_out_base:.3f} | {t_out_base / t_out:.2f}x | "
                             f"{t_pack:.3f} | {t_perm:.3f} |")

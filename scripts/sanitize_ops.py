@@ -10,8 +10,8 @@ allocation, so every tensor here is placed to END exactly where its
 allocation ends (`at_end`), and with torch's caching allocator off each
 allocation is its own cudaMalloc. A read or write one byte past any input,
 output or pool then is a reported error, not a silent one. Results are
-compared with plain torch all the same, so a run that computes nonsense
-fails too.
+compared with the test suite's references all the same (tests/python), so
+a run that computes nonsense fails too.
 
 Cases: sizes 0, 1, 17, 65 and ones large enough for the copy engine's
 four-vector path and the rope kernel's several rounds; 1-, 2-, 4- and 8-byte
@@ -23,13 +23,21 @@ layer of a multi-layer buffer, inplace.
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 import sys
 
 import torch
 
 import attnprep
 from attnprep import _C, ulysses
+
+# the test suite's references and tolerance, not copies of them
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from conftest import same_bits  # noqa: E402
+from test_pack_qkv import reference as pack_reference  # noqa: E402
+from test_rope_pool import assert_close_to_reference, cos_sin, rope_reference  # noqa: E402
 
 DEV = "cuda"
 CASES = 0
@@ -64,121 +72,87 @@ def case(ok: bool, what: str):
         raise AssertionError(what)
 
 
-def pack_ref(q, k, v, world):
-    rows, heads, dim = q.shape
-    parts = [t.reshape(rows, world, heads // world, dim) for t in (q, k, v)]
-    return torch.cat(parts, dim=-1).permute(1, 0, 2, 3).contiguous()
-
-
-def same(a, b):
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
 def check_pack():
     for dtype in (torch.float8_e4m3fn, torch.bfloat16, torch.float64):
         for world, heads in ((1, 3), (2, 4), (3, 6), (8, 8)):
             for dim in (64, 80):
                 for rows in (0, 1, 17, 4099):
                     q, k, v = (at_end((rows, heads, dim), dtype) for _ in range(3))
-                    want = pack_ref(q, k, v, world)
-                    case(same(attnprep.pack_qkv_destination_major(q, k, v, world), want), f"pack {dtype} {rows}")
+                    want = pack_reference(q, k, v, world)
+                    case(same_bits(attnprep.pack_qkv_destination_major(q, k, v, world), want), f"pack {dtype} {rows}")
                     # slices of one fused projection, which ends where its allocation ends
                     qkv = at_end((rows, 3 * heads * dim), dtype)
                     q, k, v = (t.view(rows, heads, dim) for t in qkv.split(heads * dim, dim=1))
                     out = at_end((world, rows, heads // world, 3 * dim), dtype, fill=False)
                     attnprep.pack_qkv_destination_major(q, k, v, world, out=out)
-                    case(same(out, pack_ref(q, k, v, world)), f"pack fused out= {dtype} {rows}")
+                    case(same_bits(out, pack_reference(q, k, v, world)), f"pack fused out= {dtype} {rows}")
                     # GQA pack of the Ulysses layer: kv heads split and replicated
                     for kv in {max(1, world // 2), world}:
                         if heads % kv:
                             continue
                         k2, v2 = (at_end((rows, kv, dim), dtype) for _ in range(2))
                         got = _C._pack_qkv_gqa(q, k2, v2, world)
-                        case(same(got, ulysses._pack_torch(q, k2, v2, world)), f"gqa pack {dtype} {rows} {kv}")
+                        case(same_bits(got, ulysses._pack_torch(q, k2, v2, world)), f"gqa pack {dtype} {rows} {kv}")
 
 
 def check_merge():
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for shape in ((2, 1, 1, 1, 64), (8, 17, 1, 3, 128), (4, 65, 2, 5, 80), (2, 4099, 1, 8, 128), (3, 0, 1, 2, 64)):
-            x = at_end(shape, dtype)
-            case(same(attnprep.usp_merge_heads(x), x.permute(2, 1, 0, 3, 4).contiguous()), f"merge {shape}")
-            # a strided view: [S, W, B, h, D] storage read as [W, S, B, h, D]
-            y = at_end((shape[1], shape[0]) + shape[2:], dtype).transpose(0, 1)
-            case(same(attnprep.usp_merge_heads(y), y.permute(2, 1, 0, 3, 4).contiguous()), f"merge strided {shape}")
-
-
-def rope_ref(x, pos, rotary_dim, neox, base, cache):
-    """float64 rotation of [T, H, D] with the float32 angle of SPEC.md."""
-    half = rotary_dim // 2
-    if cache is None:
-        inv = (1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=DEV) / rotary_dim))).float()
-        ang = (pos.float()[:, None] * inv[None]).double()
-        cos, sin = ang.cos(), ang.sin()
-    else:
-        row = cache[pos.long().clamp(0, cache.shape[0] - 1)].double()
-        cos, sin = row[:, :half], row[:, half:]
-    out = x.double().clone()
-    r = out[..., :rotary_dim]
-    if neox:
-        a, b = r[..., :half].clone(), r[..., half:].clone()
-        r[..., :half], r[..., half:] = a * cos[:, None] - b * sin[:, None], b * cos[:, None] + a * sin[:, None]
-    else:
-        a, b = r[..., 0::2].clone(), r[..., 1::2].clone()
-        r[..., 0::2], r[..., 1::2] = a * cos[:, None] - b * sin[:, None], b * cos[:, None] + a * sin[:, None]
-    return out
-
-
-def close(got, want, dtype):
-    # a loose bound: values are the pytest suite's job, this only catches nonsense
-    tol = {torch.float16: 2e-2, torch.bfloat16: 1e-1, torch.float32: 1e-4}[dtype]
-    return bool(((got.double() - want).abs() <= tol * (1 + want.abs())).all())
+            # contiguous, and a strided view: [S, W, B, h, D] storage read as [W, S, B, h, D]
+            for x in (at_end(shape, dtype), at_end((shape[1], shape[0]) + shape[2:], dtype).transpose(0, 1)):
+                want = x.permute(2, 1, 0, 3, 4).contiguous()
+                case(same_bits(attnprep.usp_merge_heads(x), want), f"merge {shape} strides {x.stride()}")
 
 
 def check_rope(quick=False):
     """quick: one dtype and two head sizes (for racecheck, the slowest tool)."""
-    hq, hkv, pool_size, layers = 4, 2, 1200, 3
-    for dtype in (torch.bfloat16,) if quick else (torch.float16, torch.bfloat16, torch.float32):
-        for dim in (80, 256) if quick else (64, 80, 256):
-            for rotary_dim, neox, cache_kind in ((dim, True, None), (dim // 2, True, None), (dim, False, None),
-                                                 (dim, True, torch.float32), (dim // 2, False, torch.bfloat16)):
-                for T, idx, inplace in ((0, torch.int32, False), (1, torch.int64, True), (17, torch.int32, True),
-                                        (1100, torch.int64, False)):
-                        qkv = at_end((T, (hq + 2 * hkv) * dim), dtype)
-                        parts = qkv.split([hq * dim, hkv * dim, hkv * dim], 1)
-                        q, k, v = (t.view(T, n, dim) for t, n in zip(parts, (hq, hkv, hkv)))
-                        cache_len = 50
-                        cache = None
-                        if cache_kind is not None:
-                            ang = torch.rand(cache_len, rotary_dim // 2, device=DEV) * 6.3
-                            cache = at_end((cache_len, rotary_dim), cache_kind)
-                            cache.copy_(torch.cat([ang.cos(), ang.sin()], dim=1).to(cache_kind))
-                        top = cache_len + 5 if cache is not None else 1 << 20  # some past the table
-                        positions = at_end((T,), idx, fill=False)
-                        positions.copy_(torch.randint(0, top, (T,), device=DEV).to(idx))
-                        slots = at_end((T,), idx, fill=False)
-                        slots.copy_(torch.randperm(pool_size + 40, device=DEV)[:T].to(idx) - 20)  # -20..pool+19
-                        # the last layer of a [layers, pool, hkv, dim] buffer: pool rows strided by layers
-                        kbuf, vbuf = (at_end((pool_size, layers, hkv, dim), dtype) for _ in range(2))
-                        k_pool, v_pool = kbuf[:, -1], vbuf[:, -1]
-                        k_before, v_before = kbuf.clone(), vbuf.clone()
-                        q0, k0, v0 = q.clone(), k.clone(), v.clone()
-                        q_rot, k_rot, kp, vp = attnprep.rope_pool_fused(
-                            q, k, v, positions, slots, k_pool, v_pool, head_dim=dim, num_qo_heads=hq,
-                            num_kv_heads=hkv, rope_base=10000.0, rotary_dim=rotary_dim, is_neox=neox,
-                            cos_sin_cache=cache, inplace=inplace)
-                        what = f"rope {dtype} dim {dim} rd {rotary_dim} neox {neox} cache {cache_kind} T {T}"
-                        ok_pos = torch.ones(T, dtype=torch.bool, device=DEV) if cache is None else \
-                            (positions.long() < cache_len)
-                        want_q = rope_ref(q0, positions, rotary_dim, neox, 10000.0, cache)[ok_pos]
-                        want_k = rope_ref(k0, positions, rotary_dim, neox, 10000.0, cache)
-                        case(close(q_rot[ok_pos], want_q, dtype) and close(k_rot[ok_pos], want_k[ok_pos], dtype), what)
-                        written = ok_pos & (slots.long() >= 0) & (slots.long() < pool_size)
-                        rows = slots.long()[written]
-                        case(same(vp[rows], v0[written]) and same(kp[rows], k_rot[written]), what + " pool")
-                        untouched = torch.ones(pool_size, dtype=torch.bool, device=DEV)
-                        untouched[rows] = False
-                        case(all(same(b[:, :-1], b0[:, :-1]) and same(b[:, -1][untouched], b0[:, -1][untouched])
-                                 for b, b0 in ((kbuf, k_before), (vbuf, v_before))), what + " pool rows not addressed")
+    dtypes = (torch.bfloat16,) if quick else (torch.float16, torch.bfloat16, torch.float32)
+    for dtype, dim in itertools.product(dtypes, (80, 256) if quick else (64, 80, 256)):
+        for rotary_dim, neox, cache_kind in ((dim, True, None), (dim // 2, True, None), (dim, False, None),
+                                             (dim, True, torch.float32), (dim // 2, False, torch.bfloat16)):
+            for T, idx, inplace in ((0, torch.int32, False), (1, torch.int64, True), (17, torch.int32, True),
+                                    (1100, torch.int64, False)):
+                rope_case(dtype, dim, rotary_dim, neox, cache_kind, T, idx, inplace)
+
+
+def rope_case(dtype, dim, rotary_dim, neox, cache_kind, T, idx, inplace):
+    hq, hkv, pool_size, layers, cache_len = 4, 2, 1200, 3, 50
+    what = f"rope {dtype} dim {dim} rd {rotary_dim} neox {neox} cache {cache_kind} T {T}"
+    qkv = at_end((T, (hq + 2 * hkv) * dim), dtype)
+    parts = qkv.split([hq * dim, hkv * dim, hkv * dim], 1)
+    q, k, v = (t.view(T, n, dim) for t, n in zip(parts, (hq, hkv, hkv)))
+    cache = None
+    if cache_kind is not None:
+        ang = torch.rand(cache_len, rotary_dim // 2, device=DEV) * 6.3
+        cache = at_end((cache_len, rotary_dim), cache_kind)
+        cache.copy_(torch.cat([ang.cos(), ang.sin()], dim=1).to(cache_kind))
+    top = cache_len + 5 if cache is not None else 1 << 20  # with a table: some positions past its end
+    positions = at_end((T,), idx, fill=False)
+    positions.copy_(torch.randint(0, top, (T,), device=DEV).to(idx))
+    slots = at_end((T,), idx, fill=False)
+    slots.copy_(torch.randperm(pool_size + 40, device=DEV)[:T].to(idx) - 20)  # -20 .. pool_size + 19
+    # the last layer of a [pool, layers, hkv, dim] buffer: pool rows strided by the layers
+    kbuf, vbuf = (at_end((pool_size, layers, hkv, dim), dtype) for _ in range(2))
+    k_before, v_before = kbuf.clone(), vbuf.clone()
+    q0, k0, v0 = q.clone(), k.clone(), v.clone()
+    q_rot, k_rot, k_pool, v_pool = attnprep.rope_pool_fused(
+        q, k, v, positions, slots, kbuf[:, -1], vbuf[:, -1], head_dim=dim, num_qo_heads=hq, num_kv_heads=hkv,
+        rope_base=10000.0, rotary_dim=rotary_dim, is_neox=neox, cos_sin_cache=cache, inplace=inplace)
+
+    in_table = positions.long() < cache_len if cache is not None else torch.ones(T, dtype=torch.bool, device=DEV)
+    cos, sin = cos_sin(positions[in_table], rotary_dim, 10000.0, cache)
+    for got, x in ((q_rot, q0), (k_rot, k0)):
+        x = x[in_table]
+        assert_close_to_reference(got[in_table], rope_reference(x, cos, sin, rotary_dim, neox), x, rotary_dim, neox)
+    case(True, what)
+    written = in_table & (slots.long() >= 0) & (slots.long() < pool_size)
+    rows = slots.long()[written]
+    case(same_bits(v_pool[rows], v0[written]) and same_bits(k_pool[rows], k_rot[written]), what + " pool")
+    untouched = torch.ones(pool_size, dtype=torch.bool, device=DEV)
+    untouched[rows] = False
+    for b, b0 in ((kbuf, k_before), (vbuf, v_before)):
+        other_layers = same_bits(b[:, :-1], b0[:, :-1])
+        case(other_layers and same_bits(b[:, -1][untouched], b0[:, -1][untouched]), what + " pool rows not addressed")
 
 
 def planted():
