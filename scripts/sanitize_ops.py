@@ -45,8 +45,8 @@ CASES = 0
 
 def at_end(shape, dtype, strides=None, fill=True):
     """A tensor whose last addressable element is the last one of its own
-    allocation (a multiple of 512 bytes, which is what torch asks cudaMalloc
-    for), so one element past it is outside every allocation."""
+    allocation (a buffer of a multiple of 512 bytes, the tensor placed at its
+    end), so one element past it is outside every allocation."""
     shape = tuple(shape)
     if strides is None:
         strides, acc = [], 1
