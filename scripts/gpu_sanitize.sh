@@ -18,17 +18,11 @@ export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 start=$(date +%s)
 $PY scripts/sanitize_ops.py || exit 1
 echo "plain: $(( $(date +%s) - start )) s"
-# instrument attnprep's kernels only, with whichever filter option this
-# sanitizer version takes (none: every kernel, slower)
-filter=()
-$CS --help > "$OUT/sanitize_help.txt" 2>&1
-for f in "--kernel-name kns=attnprep" "--kernel-regex kns=attnprep" "--filter kns=attnprep"; do
-  echo "== $f" >> "$OUT/sanitize_filter.log"
-  if $CS $f --error-exitcode 1 $PY -c "import torch; torch.zeros(1, device='cuda')" >> "$OUT/sanitize_filter.log" 2>&1; then
-    filter=($f)
-    break
-  fi
-done
+# instrument attnprep's kernels only (compute-sanitizer 2025.3 takes this
+# filter; a version that refuses it instruments every kernel, slower)
+filter=(--kernel-name kns=attnprep)
+$CS "${filter[@]}" --error-exitcode 1 $PY -c "import torch; torch.zeros(1, device='cuda')" \
+  > "$OUT/sanitize_filter.log" 2>&1 || filter=()
 echo "$($CS --version | tail -1); kernel filter: ${filter[*]:-none}"
 # The positive control: a planted read past an allocation, inside pack_qkv's
 # kernel, must be reported (else a clean run below would prove nothing).
