@@ -52,7 +52,14 @@ __global__ void indexed_copy_kernel(const int* index, const uint4* src, uint4* d
   dst[row * 128 + threadIdx.x] = src[threadIdx.x];
 }
 
+using attnprep::cuda::let_next_kernel_start;
 using attnprep::cuda::wait_for_prior_kernels;
+
+// The wait, then the next kernel let in (the order attnprep's rope kernel uses).
+__device__ __forceinline__ void wait_then_let_next() {
+  wait_for_prior_kernels();
+  let_next_kernel_start();
+}
 
 // Launches as attnprep launches (PDL on compute capability 9.0+).
 template <typename... Params, typename... Args>
@@ -60,16 +67,28 @@ void launch_pdl_grid(void (*kernel)(Params...), int blocks, int threads, cudaStr
   CHECK_CUDA(attnprep::cuda::launch_kernel(kernel, dim3(blocks), dim3(threads), s, args...));
 }
 
-__global__ void pdl_empty_kernel() { wait_for_prior_kernels(); }
+__global__ void pdl_empty_kernel() { wait_then_let_next(); }
 
 __global__ void pdl_copy_kernel(const uint4* src, uint4* dst) {
-  wait_for_prior_kernels();
+  wait_then_let_next();
   dst[threadIdx.x] = src[threadIdx.x];
 }
 
 // The same with a parameter block of P bytes, one byte of it read before the wait.
 template <int P>
 __global__ void pdl_param_copy_kernel(const __grid_constant__ Blob<P> blob, const uint4* src, uint4* dst) {
+  const unsigned char b = blob.b[threadIdx.x % P];
+  wait_then_let_next();
+  uint4 v = src[threadIdx.x];
+  v.x ^= b;
+  dst[threadIdx.x] = v;
+}
+
+// The same, letting the next kernel on the stream be scheduled at entry
+// rather than after the wait (griddepcontrol.launch_dependents first).
+template <int P>
+__global__ void pdl_early_param_copy_kernel(const __grid_constant__ Blob<P> blob, const uint4* src, uint4* dst) {
+  let_next_kernel_start();
   const unsigned char b = blob.b[threadIdx.x % P];
   wait_for_prior_kernels();
   uint4 v = src[threadIdx.x];
@@ -80,7 +99,7 @@ __global__ void pdl_param_copy_kernel(const __grid_constant__ Blob<P> blob, cons
 // One load, then a second load whose address depends on it, then the store:
 // rope's chain (position -> cos/sin -> rotated row), without the arithmetic.
 __global__ void pdl_indexed_copy_kernel(const int* index, const uint4* src, uint4* dst) {
-  wait_for_prior_kernels();
+  wait_then_let_next();
   const int row = index[0];
   dst[threadIdx.x] = src[row * 128 + threadIdx.x];
 }
@@ -163,5 +182,9 @@ int main() {
               replay_us([&](cudaStream_t s) { launch_pdl(pdl_param_copy_kernel<1280>, 128, s, b1280, (const uint4*)src, dst); }));
   std::printf("| PDL: 3 blocks copy 128 x 16 B each, 640 B of parameters | %.3f |\n",
               replay_us([&](cudaStream_t s) { launch_pdl_grid(pdl_param_copy_kernel<640>, 3, 128, s, b640, (const uint4*)src, dst); }));
+  std::printf("| PDL, next kernel scheduled at entry: copy 128 x 16 B after the wait, 640 B of parameters | %.3f |\n",
+              replay_us([&](cudaStream_t s) { launch_pdl(pdl_early_param_copy_kernel<640>, 128, s, b640, (const uint4*)src, dst); }));
+  std::printf("| PDL, next kernel scheduled at entry: 3 blocks copy 128 x 16 B each, 640 B of parameters | %.3f |\n",
+              replay_us([&](cudaStream_t s) { launch_pdl_grid(pdl_early_param_copy_kernel<640>, 3, 128, s, b640, (const uint4*)src, dst); }));
   return 0;
 }

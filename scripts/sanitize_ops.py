@@ -107,7 +107,8 @@ def check_merge():
 def check_rope(quick=False):
     """quick: one dtype and two head sizes (for racecheck, the slowest tool)."""
     dtypes = (torch.bfloat16,) if quick else (torch.float16, torch.bfloat16, torch.float32)
-    for dtype, dim in itertools.product(dtypes, (80, 256) if quick else (64, 80, 256)):
+    # 72: an odd number of 16-byte groups per head in 16-bit GPT-J (one group per v item)
+    for dtype, dim in itertools.product(dtypes, (80, 256) if quick else (64, 72, 80, 256)):
         for rotary_dim, neox, cache_kind in ((dim, True, None), (dim // 2, True, None), (dim, False, None),
                                              (dim, True, torch.float32), (dim // 2, False, torch.bfloat16)):
             for T, idx, inplace in ((0, torch.int32, False), (1, torch.int64, True), (17, torch.int32, True),

@@ -132,7 +132,13 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   // halves; GPT-J: width/2 adjacent pairs, at least one) + passed-through groups.
   const int64_t rot_items = a.is_neox ? half / p.width : a.rot() / (p.width == 1 ? 2 : p.width);
   p.qk_items_per_head = static_cast<ap_i32>(rot_items + (a.head_dim - a.rot()) / p.width);
-  p.v_items_per_head = static_cast<ap_i32>(a.head_dim / p.width);
+  // Items of a v head: two groups half a head apart (the size of a NeoX q/k
+  // item), one group when the head has an odd number of groups. Pairs
+  // measured up to 3 points of copy bandwidth more at 2048-8192 tokens
+  // (bench/RESULTS.md, seventh session): 32/8 heads at head_dim 128 become
+  // 384 items per token, three whole rounds of 128 threads instead of 3.5.
+  const int64_t v_groups = a.head_dim / p.width;
+  p.v_items_per_head = static_cast<ap_i32>(v_groups % 2 == 0 ? v_groups / 2 : v_groups);
   return p;
 }
 

@@ -39,7 +39,8 @@ struct RopePoolParams {
   ap_i32 cache_bf16;          // cos_sin_cache dtype: 1 bfloat16, 0 float32
   ap_i32 width;               // elements per memory access (1, or 16 bytes' worth)
   ap_i32 qk_items_per_head;   // work items of one q or k head (rotated + passed through)
-  ap_i32 v_items_per_head;    // work items of one v head (copied)
+  ap_i32 v_items_per_head;    // work items of one v head (copied): groups j and j + head_dim / (2 width)
+                              // when head_dim / width is even (then this is half of it), else one group
   float inv_freq[ATTNPREP_ROPE_MAX_HALF];  // float32(1 / base^(2i / rotary_dim)), used when !use_cache
 };
 

@@ -6,9 +6,11 @@
 //   - it calls wait_for_prior_kernels() before its first global memory access,
 //     read or write: from there on every earlier kernel on the stream has
 //     finished and its writes are visible, exactly as without PDL;
-//   - only parameter arithmetic may come before that call.
-// The same call lets the next kernel on the stream be scheduled early; a
-// dependent kernel launched with PDL must itself wait before it reads this
+//   - only parameter arithmetic may come before that call;
+//   - it calls let_next_kernel_start() somewhere, so that the next kernel on
+//     the stream is scheduled before this one ends (without the call it is
+//     scheduled at this kernel's end, as without PDL).
+// A dependent kernel launched with PDL must itself wait before it reads this
 // kernel's outputs (the rule above), and one launched without PDL is ordered
 // as usual. ATTNPREP_PDL=0 in the environment turns PDL off (read once);
 // set_pdl_mode() overrides it for the process (benchmarks compare both).
@@ -20,10 +22,21 @@
 
 namespace attnprep::cuda {
 
+// Lets the next kernel on the stream be scheduled now (it still waits, in
+// its own wait_for_prior_kernels(), for this whole kernel to finish). Where
+// a kernel calls it is a speed choice only; it takes effect once every block
+// of this kernel has called it or exited.
+__device__ __forceinline__ void let_next_kernel_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Returns once every earlier kernel on the stream has finished and its
+// writes are visible.
 __device__ __forceinline__ void wait_for_prior_kernels() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 

@@ -13,7 +13,10 @@ __global__ void empty_kernel() {}
 // The same, launched the way the library's kernels are (cuda/launch.h), and,
 // like them, waiting for the kernel before it: the floor under their
 // CUDA-graph replay time.
-__global__ void empty_library_kernel() { wait_for_prior_kernels(); }
+__global__ void empty_library_kernel() {
+  let_next_kernel_start();
+  wait_for_prior_kernels();
+}
 }  // namespace
 
 cudaError_t launch_empty_library_kernel(cudaStream_t stream) {

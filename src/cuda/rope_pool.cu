@@ -107,6 +107,10 @@ struct Item {
       const int r = item - n_qk;
       head = r / p.v_items_per_head;
       lo_off = (r - head * p.v_items_per_head) * W;
+      // Two groups half a head apart when the head's group count is even
+      // (core::make_rope_pool_params).
+      two = 2 * p.v_items_per_head * W == p.head_dim;
+      hi_off = lo_off + p.v_items_per_head * W;
       kind = kCopy;
       is_v = true;
       src = static_cast<const T*>(ptr.v) + t * p.v_stride_token + head * p.v_stride_head;
@@ -256,6 +260,10 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
   const float first_inv_freq = !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
 
   wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
+  // Not at entry, as the copy engine does: scheduling the next call that
+  // early measured slower here from T=32 on (graph replay at T=128: 2.05 ->
+  // 2.88 us, bench/RESULTS.md, seventh session).
+  let_next_kernel_start();
   const int64_t pos = read_index(ptr.positions, t, p.positions_int64);
   const int64_t slot = read_index(ptr.slots, t, p.slots_int64);
   // A position outside cos_sin_cache must not be read: its rows become NaN

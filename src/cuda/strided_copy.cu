@@ -10,23 +10,32 @@ namespace {
 using core::CopyJobPlan;
 using core::StridedCopyPlan;
 
-// Block size and vectors per thread of a large copy, overridable at build
-// time for tuning runs (scripts/gpu_tune.sh); the defaults are measured
-// (bench/RESULTS.md).
+// Block sizes and vectors per thread, overridable at build time for tuning
+// runs (scripts/gpu_tune.sh); the defaults are measured (bench/RESULTS.md).
+// A large copy runs 512 threads per block: with the kernel's 42-48 registers
+// that is 2 blocks (1024 threads) per multiprocessor. Fewer accesses in
+// flight measured faster than more: in one call, 2 x 512 (or 5 x 256 capped
+// to 4 by shared memory) gained 0.3-0.7 points of copy bandwidth on the pack
+// shapes over 5 x 256, while 6 or 8 x 256 (register limits), 2 x 384 and
+// 1 x 1024 lost 0.5-3 points (bench/RESULTS.md, seventh session). Small
+// copies keep 256 (128 and 512 measured slower at rows=65).
 #ifndef ATTNPREP_COPY_THREADS
-#define ATTNPREP_COPY_THREADS 256
+#define ATTNPREP_COPY_THREADS 512
+#endif
+#ifndef ATTNPREP_COPY_SMALL_THREADS
+#define ATTNPREP_COPY_SMALL_THREADS 256
 #endif
 #ifndef ATTNPREP_COPY_UNROLL
 #define ATTNPREP_COPY_UNROLL 4
 #endif
-constexpr int kThreads = ATTNPREP_COPY_THREADS;
 // Vectors per thread, all loads issued before the stores: 4 for large copies
 // (fewer blocks, more bytes in flight per thread); 1 when the copy is so small
-// that 4 per thread would leave most multiprocessors idle (a few hundred
-// blocks at most), where spreading it wide shortens the one round trip
-// (pack at rows=65: graph replay 2.33 -> 1.58 us, bench/RESULTS.md).
+// that 4 per thread would leave most multiprocessors idle (under 2^18
+// vectors, 4 MiB of 16-byte ones), where spreading it wide shortens the one
+// round trip (pack at rows=65: graph replay 2.33 -> 1.58 us, bench/RESULTS.md).
 constexpr int kUnrollLarge = ATTNPREP_COPY_UNROLL;
-constexpr int64_t kSmallCopyBlocks = 256;
+constexpr int64_t kSmallCopyVectors = int64_t{1} << 18;
+constexpr int threads_for(int unroll) { return unroll == 1 ? ATTNPREP_COPY_SMALL_THREADS : ATTNPREP_COPY_THREADS; }
 
 // A large copy's blocks alternate between jobs along blockIdx.x (block b
 // serves job b % njobs): the jobs of one op write interleaved parts of the
@@ -36,7 +45,13 @@ constexpr int64_t kSmallCopyBlocks = 256;
 // reads (each a cold miss at every launch) wait for no earlier one (graph
 // replay of pack at rows=1: 0.87 -> 0.83 us, bench/RESULTS.md).
 template <typename V, bool Index32, int kUnroll>
-__global__ void __launch_bounds__(kThreads) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
+__global__ void __launch_bounds__(threads_for(kUnroll)) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
+  constexpr int kThreads = threads_for(kUnroll);
+  // The next kernel on the stream may be scheduled from here: its blocks then
+  // do their parameter reads while this one waits and copies (graph replay
+  // of pack at rows=1 / 65: 0.84 / 1.13 -> 0.70 / 0.79 us, bench/RESULTS.md,
+  // seventh session).
+  let_next_kernel_start();
   const unsigned njobs = kUnroll == 1 ? 1u : static_cast<unsigned>(plan.njobs);
   const CopyJobPlan& job = plan.jobs[kUnroll == 1 ? blockIdx.y : blockIdx.x % njobs];
   const int64_t chunk = blockIdx.x / njobs;
@@ -78,7 +93,7 @@ __global__ void __launch_bounds__(kThreads) strided_copy_kernel(const __grid_con
 
 template <typename V, int kUnroll>
 cudaError_t launch_unrolled(const StridedCopyPlan& plan, cudaStream_t stream) {
-  const int64_t per_block = kThreads * kUnroll;
+  constexpr int64_t kThreads = threads_for(kUnroll), per_block = kThreads * kUnroll;
   const unsigned chunks = static_cast<unsigned>((plan.max_total + per_block - 1) / per_block);
   const unsigned njobs = static_cast<unsigned>(plan.njobs);
   const dim3 grid = kUnroll == 1 ? dim3(chunks, njobs) : dim3(chunks * njobs);
@@ -88,10 +103,8 @@ cudaError_t launch_unrolled(const StridedCopyPlan& plan, cudaStream_t stream) {
 
 template <typename V>
 cudaError_t launch(const StridedCopyPlan& plan, cudaStream_t stream) {
-  const int64_t per_block = kThreads * kUnrollLarge;
-  const int64_t blocks = (plan.max_total + per_block - 1) / per_block * plan.njobs;
-  return blocks < kSmallCopyBlocks ? launch_unrolled<V, 1>(plan, stream)
-                                   : launch_unrolled<V, kUnrollLarge>(plan, stream);
+  return plan.max_total * plan.njobs < kSmallCopyVectors ? launch_unrolled<V, 1>(plan, stream)
+                                                         : launch_unrolled<V, kUnrollLarge>(plan, stream);
 }
 
 }  // namespace

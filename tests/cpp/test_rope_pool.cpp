@@ -117,7 +117,13 @@ TEST_CASE("params: 16-byte groups when everything allows, one element otherwise"
   RopePoolArgs a = args();
   CHECK_EQ(make_rope_pool_params(a, a.q, a.k).width, 8);
   CHECK_EQ(make_rope_pool_params(a, a.q, a.k).qk_items_per_head, 4);  // 32 pairs of halves / 8
-  CHECK_EQ(make_rope_pool_params(a, a.q, a.k).v_items_per_head, 8);
+  CHECK_EQ(make_rope_pool_params(a, a.q, a.k).v_items_per_head, 4);  // 8 groups, paired half a head apart
+  RopePoolArgs odd = args(DType::BFloat16, cuda0, 4, 8, 2, 72);  // NeoX half 36: one element at a time
+  CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).width, 1);
+  CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).v_items_per_head, 36);  // 72 elements, paired
+  odd.is_neox = false;  // GPT-J: 9 groups of 8, one per item
+  CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).width, 8);
+  CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).v_items_per_head, 9);
   a.rotary_dim = 24;  // half 12: not a multiple of 8
   CHECK_EQ(make_rope_pool_params(a, a.q, a.k).width, 1);
   CHECK_EQ(make_rope_pool_params(a, a.q, a.k).qk_items_per_head, 12 + 40);
@@ -136,10 +142,16 @@ TEST_CASE("params: 16-byte groups when everything allows, one element otherwise"
 }
 
 TEST_CASE("CUDA launch shape: whole warps, whole rounds, one round per block when split") {
-  const RopeCudaLaunch bench = plan_rope_cuda_launch(448, 8192, 128, 1024);  // 32/8 heads, head_dim 128, bf16
+  // The benchmark's shape: 32/8 heads, head_dim 128, bf16 -> 40 heads x 8 rotated pairs of groups + 8 v heads
+  // x 8 pairs of groups = 384 items, three whole rounds of 128 threads.
+  const RopePoolArgs b = args(DType::BFloat16, cuda0, 8192, 32, 8, 128);
+  const int64_t items = rope_items_per_token(make_rope_pool_params(b, b.q, b.k));
+  CHECK_EQ(items, 384);
+  const RopeCudaLaunch bench = plan_rope_cuda_launch(items, 8192, 128, 1024);
   CHECK_EQ(bench.threads, 128);
   CHECK_EQ(bench.splits, 1);
-  CHECK(bench.several_rounds);  // 3.5 rounds: the kernel with the L2 requests ahead
+  CHECK(bench.several_rounds);  // 3 rounds: the kernel with the L2 requests ahead
+  CHECK_EQ(plan_rope_cuda_launch(items, 8, 128, 1024).splits, 3);
   CHECK_EQ(plan_rope_cuda_launch(448, 8, 128, 1024).splits, 4);
   CHECK(!plan_rope_cuda_launch(448, 1023, 128, 1024).several_rounds);
   CHECK(plan_rope_cuda_launch(448, 1024, 128, 1024).several_rounds);

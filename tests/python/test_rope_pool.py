@@ -270,6 +270,24 @@ def test_partial_rotary(device, rot, is_neox, dtype, T):
 
 @requires_gpu
 @on_devices
+@pytest.mark.parametrize("head_dim, rot, dtype", [
+    (72, 72, torch.bfloat16),  # GPT-J: 9 groups of 8 (odd); NeoX: half 36, one element at a time (72, paired)
+    (72, 64, torch.bfloat16),  # 9 groups of 8 either way (NeoX: 4 rotated pairs of groups + 1 passed through)
+    (68, 68, torch.float32),   # GPT-J: 17 groups of 4; NeoX: half 34, one element at a time
+    (80, 48, torch.float16),   # 10 groups of 8 (even): v items pair groups j and j + 5
+], ids=str)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("T", [17, 1100])
+def test_v_heads_with_odd_and_even_group_counts(device, head_dim, rot, dtype, is_neox, T):
+    """A CUDA work item of v is two groups half a head apart when the head has
+    an even number of groups, one group when odd; both, split tokens and
+    whole-token blocks, against the reference (pool rows included)."""
+    case = make_case(device, T, 6, 3, head_dim, dtype, seed=head_dim + rot + T)
+    check_case(*case, rot=rot, is_neox=is_neox)
+
+
+@requires_gpu
+@on_devices
 @pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64], ids=str)
 @pytest.mark.parametrize("T", [1, 17, 65, 1000, 1024, 3001])  # >= 1024: one block per token, many items a thread
 def test_positions_and_sizes(device, pos_dtype, T):
