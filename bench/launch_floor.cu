@@ -10,20 +10,12 @@
 #include <cuda_runtime.h>
 
 #include "cuda/launch.h"
+#include "graph_replay.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstdio>
 #include <vector>
-
-#define CHECK_CUDA(x)                                                          \
-  do {                                                                         \
-    cudaError_t e = (x);                                                       \
-    if (e != cudaSuccess) {                                                    \
-      std::printf("%s failed: %s\n", #x, cudaGetErrorString(e));               \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
 
 template <int P>
 struct Blob {
@@ -107,38 +99,6 @@ __global__ void pdl_indexed_copy_kernel(const int* index, const uint4* src, uint
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), int threads, cudaStream_t s, Args... args) {
   launch_pdl_grid(kernel, 1, threads, s, args...);
-}
-
-template <typename Launch>
-double replay_us(Launch launch, int calls = 20, int replays = 200) {
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; ++i) launch(s);
-  CHECK_CUDA(cudaStreamEndCapture(s, &g));
-  CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-  for (int i = 0; i < 10; ++i) CHECK_CUDA(cudaGraphLaunch(ge, s));
-  CHECK_CUDA(cudaStreamSynchronize(s));
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int rep = 0; rep < 5; ++rep) {
-    CHECK_CUDA(cudaEventRecord(a, s));
-    for (int i = 0; i < replays; ++i) CHECK_CUDA(cudaGraphLaunch(ge, s));
-    CHECK_CUDA(cudaEventRecord(b, s));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float ms;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e3 / (replays * calls));
-  }
-  std::sort(t.begin(), t.end());
-  CHECK_CUDA(cudaGraphExecDestroy(ge));
-  CHECK_CUDA(cudaGraphDestroy(g));
-  CHECK_CUDA(cudaStreamDestroy(s));
-  return t[2];
 }
 
 int main() {
