@@ -12,10 +12,7 @@
 #include "cuda/launch.h"
 #include "graph_replay.h"
 
-#include <algorithm>
-#include <cstdlib>
 #include <cstdio>
-#include <vector>
 
 template <int P>
 struct Blob {
