@@ -40,10 +40,12 @@ constexpr int threads_for(int unroll) { return unroll == 1 ? ATTNPREP_COPY_SMALL
 // A large copy's blocks alternate between jobs along blockIdx.x (block b
 // serves job b % njobs): the jobs of one op write interleaved parts of the
 // same output rows, and running them side by side keeps DRAM writes to whole
-// rows instead of one third of each. A small copy's blocks, all on the GPU at
-// once, take their job from blockIdx.y instead, so that its first parameter
-// reads (each a cold miss at every launch) wait for no earlier one (graph
-// replay of pack at rows=1: 0.87 -> 0.83 us, bench/RESULTS.md).
+// rows instead of one third of each (starting each job a third of the way
+// further along measured 3.1-4.0 points of copy bandwidth slower at three
+// pack shapes, bench/RESULTS.md, eighth session). A small copy's blocks, all
+// on the GPU at once, take their job from blockIdx.y instead, so that its
+// first parameter reads (each a cold miss at every launch) wait for no earlier
+// one (graph replay of pack at rows=1: 0.87 -> 0.83 us, bench/RESULTS.md).
 template <typename V, bool Index32, int kUnroll>
 __global__ void __launch_bounds__(threads_for(kUnroll)) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
   constexpr int kThreads = threads_for(kUnroll);
