@@ -52,8 +52,9 @@ StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const T
     job.dst = static_cast<unsigned char*>(out.data) + j * s.head_size * es;
     // output coordinates (d, r, h) -> source row r, head d * local_heads + h,
     // walked in output order: walking in source order (r, d, h) measured
-    // 0.5-1.6% slower at every shape (bench/RESULTS.md, third session), and
-    // 2 or 4 destinations side by side (longer source runs) the same as one
+    // 0.5-1.6% slower at every shape (bench/RESULTS.md, third session); 2 or
+    // 4 destinations side by side (longer source runs) and tiles of 16-256
+    // rows walked destination by destination measured the same as this
     // (eighth session)
     const int64_t dims[kCopyDims] = {1, s.world_size, s.rows, s.local_heads};
     const int64_t src_stride[kCopyDims] = {0, s.local_heads * t.stride(1) * es, t.stride(0) * es,
