@@ -156,20 +156,26 @@ def rope_case(dtype, dim, rotary_dim, neox, cache_kind, T, idx, inplace):
         case(other_layers and same_bits(b[:, -1][untouched], b0[:, -1][untouched]), what + " pool rows not addressed")
 
 
+class _DeviceMemory:
+    """`n` 16-bit elements of device memory at `ptr`, described through the
+    CUDA array interface, which torch takes without checking the extent."""
+
+    def __init__(self, ptr: int, n: int):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<u2", "data": (ptr, False), "version": 2}
+
+
 def planted():
     """The positive control: q claims one row more than its allocation holds
-    (a view made through CuPy, which torch cannot check), so pack_qkv reads
-    past the end. Under memcheck this run must fail; if it passes, the
-    sanitizer (or its kernel filter) is not watching attnprep's kernels."""
-    import cupy
-
+    (a view torch cannot check, made through the CUDA array interface), so
+    pack_qkv reads past the end. Under memcheck this run must fail; if it
+    passes, the sanitizer (or its kernel filter) is not watching attnprep's
+    kernels."""
     rows, heads, dim = 17, 8, 64
     k, v = (at_end((rows + 1, heads, dim), torch.bfloat16) for _ in range(2))
     out = at_end((2, rows + 1, heads // 2, 3 * dim), torch.bfloat16, fill=False)
     q = at_end((rows, heads, dim), torch.bfloat16)  # the last allocation: nothing of ours lies past it
-    mem = cupy.cuda.UnownedMemory(q.data_ptr(), (rows + 1) * heads * dim * 2, q)
-    view = cupy.ndarray(((rows + 1) * heads * dim,), cupy.uint16, cupy.cuda.MemoryPointer(mem, 0))
-    q_long = torch.from_dlpack(view).view(torch.bfloat16).view(rows + 1, heads, dim)
+    view = torch.as_tensor(_DeviceMemory(q.data_ptr(), (rows + 1) * heads * dim), device=DEV)
+    q_long = view.view(torch.bfloat16).view(rows + 1, heads, dim)
     attnprep.pack_qkv_destination_major(q_long, k, v, 2, out=out)
     torch.cuda.synchronize()
     case(True, "planted")
