@@ -6,10 +6,15 @@
 // comes from another load (positions/slots -> pool rows); and the same kernels
 // launched with programmatic dependent launch (PDL) through attnprep's own
 // launcher and wait (src/cuda/launch.h), the floor for attnprep's small calls.
-//   nvcc -O3 -std=c++17 -arch=sm_90 -Isrc bench/launch_floor.cu src/cuda/launch.cu -o /tmp/launch_floor && /tmp/launch_floor
+// Its second table copies a small pack's bytes contiguously, with the
+// library's copy engine and with plain kernels: what moving those bytes costs
+// whatever their layout. Built with the tests (CMake target launch_floor), or:
+//   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Isrc -Ibench bench/launch_floor.cu src/cuda/launch.cu \
+//     src/cuda/strided_copy.cu src/core/strided_copy.cpp -o /tmp/launch_floor && /tmp/launch_floor
 #include <cuda_runtime.h>
 
 #include "cuda/launch.h"
+#include "cuda/strided_copy.h"
 #include "graph_replay.h"
 
 #include <cstdio>
@@ -93,6 +98,27 @@ __global__ void pdl_indexed_copy_kernel(const int* index, const uint4* src, uint
   dst[threadIdx.x] = src[row * 128 + threadIdx.x];
 }
 
+// A plain contiguous copy of n 16-byte vectors, U per thread, launched as
+// attnprep launches (PDL, next kernel let in at entry) and waiting before its
+// loads. Unlike the copy engine, it does not get its parameter reads above the
+// wait: in its sm_90 SASS ptxas moves them (and the addresses) below
+// `griddepcontrol.wait`, whether the parameters are read directly or through
+// an index, so each call pays a cold parameter read after the wait. The rows
+// beside it that use the library's engine (`engine_row`) are the floor.
+template <int U>
+__global__ void pdl_contiguous_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int n) {
+  let_next_kernel_start();
+  const int base = blockIdx.x * blockDim.x * U + threadIdx.x;
+  wait_for_prior_kernels();
+  uint4 v[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (base + u * static_cast<int>(blockDim.x) < n) v[u] = __ldg(src + base + u * blockDim.x);
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (base + u * static_cast<int>(blockDim.x) < n) dst[base + u * blockDim.x] = v[u];
+}
+
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), int threads, cudaStream_t s, Args... args) {
   launch_pdl_grid(kernel, 1, threads, s, args...);
@@ -143,5 +169,53 @@ int main() {
               replay_us([&](cudaStream_t s) { launch_pdl(pdl_early_param_copy_kernel<640>, 128, s, b640, (const uint4*)src, dst); }));
   std::printf("| PDL, next kernel scheduled at entry: 3 blocks copy 128 x 16 B each, 640 B of parameters | %.3f |\n",
               replay_us([&](cudaStream_t s) { launch_pdl_grid(pdl_early_param_copy_kernel<640>, 3, 128, s, b640, (const uint4*)src, dst); }));
+  // pack's bytes at (rows, 8, 128, world 8) bf16: q, k, v of rows x 2 KiB each.
+  uint4 *big_src, *big_dst;
+  const int kMaxVectors = 129 * 3 * 128;
+  CHECK_CUDA(cudaMalloc(&big_src, kMaxVectors * 16));
+  CHECK_CUDA(cudaMalloc(&big_dst, kMaxVectors * 16));
+  CHECK_CUDA(cudaMemset(big_src, 0, kMaxVectors * 16));
+  std::printf("\n| contiguous copy of a pack's bytes, (rows, 8, 128, world 8) bf16 | blocks | us per call |\n|---|---|---|\n");
+  std::printf("| empty kernel (no PDL) | 1 | %.3f |\n", replay_us([&](cudaStream_t s) { empty_kernel<<<1, 32, 0, s>>>(); }));
+  std::printf("| PDL: empty | 1 | %.3f |\n", replay_us([&](cudaStream_t s) { launch_pdl(pdl_empty_kernel, 32, s); }));
+  auto row = [&](int rows, auto kernel, int unroll, int threads, bool pdl) {
+    const int n = rows * 3 * 128, blocks = (n + threads * unroll - 1) / (threads * unroll);
+    const double us = replay_us([&](cudaStream_t s) {
+      if (pdl) launch_pdl_grid(kernel, blocks, threads, s, (const uint4*)big_src, big_dst, n);
+      else kernel<<<blocks, threads, 0, s>>>(big_src, big_dst, n);
+    });
+    std::printf("| rows=%d (%d KB moved), %d threads x %d vectors%s | %d | %.3f |\n", rows, 2 * n * 16 / 1000, threads,
+                unroll, pdl ? ", PDL" : ", no PDL", blocks, us);
+  };
+  // The library's copy engine on the same bytes laid out contiguously: one
+  // job, or three (q, k, v each to its own contiguous third), beside pack's
+  // own layout (bench/sweep_pack_rows.py).
+  auto engine_row = [&](int rows, int njobs) {
+    const int64_t bytes = int64_t{rows} * 3 * 128 * 16 / njobs;
+    attnprep::core::CopyJob jobs[3];
+    for (int j = 0; j < njobs; ++j) {
+      jobs[j].src = reinterpret_cast<const unsigned char*>(big_src) + j * bytes;
+      jobs[j].dst = reinterpret_cast<unsigned char*>(big_dst) + j * bytes;
+      jobs[j].row_bytes = bytes;
+      jobs[j].src_elem_stride = 2;
+      jobs[j].itemsize = 2;
+    }
+    const attnprep::core::StridedCopyPlan plan = attnprep::core::plan_strided_copy(jobs, njobs);
+    const double us = replay_us([&](cudaStream_t s) { CHECK_CUDA(attnprep::cuda::strided_copy(plan, s)); });
+    std::printf("| rows=%d, the library's copy engine, %d contiguous job%s | %lld | %.3f |\n", rows, njobs,
+                njobs > 1 ? "s" : "", static_cast<long long>((bytes / 16 + 255) / 256) * njobs, us);
+  };
+  for (int rows : {1, 65}) {
+    engine_row(rows, 1);
+    engine_row(rows, 3);
+    row(rows, pdl_contiguous_copy_kernel<1>, 1, 256, false);
+    row(rows, pdl_contiguous_copy_kernel<1>, 1, 128, true);
+    row(rows, pdl_contiguous_copy_kernel<1>, 1, 256, true);
+    row(rows, pdl_contiguous_copy_kernel<1>, 1, 512, true);
+    row(rows, pdl_contiguous_copy_kernel<2>, 2, 256, true);
+    row(rows, pdl_contiguous_copy_kernel<4>, 4, 256, true);
+    row(rows, pdl_contiguous_copy_kernel<4>, 4, 128, true);
+    row(rows, pdl_contiguous_copy_kernel<8>, 8, 128, true);
+  }
   return 0;
 }
