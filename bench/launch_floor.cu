@@ -202,6 +202,7 @@ int main() {
     }
     const attnprep::core::StridedCopyPlan plan = attnprep::core::plan_strided_copy(jobs, njobs);
     const double us = replay_us([&](cudaStream_t s) { CHECK_CUDA(attnprep::cuda::strided_copy(plan, s)); });
+    // blocks: what the engine launches for a copy this small (256 threads, one vector each, per job)
     std::printf("| rows=%d, the library's copy engine, %d contiguous job%s | %lld | %.3f |\n", rows, njobs,
                 njobs > 1 ? "s" : "", static_cast<long long>((bytes / 16 + 255) / 256) * njobs, us);
   };
