@@ -11,6 +11,11 @@
 #include <cstdlib>
 #include <vector>
 
+// The launch floor the op benchmarks divide by: an empty kernel launched
+// plainly (no PDL), like torch.cuda._sleep(0). The PDL floor is the library's
+// own (cuda/launch_probe.h: launch_empty_library_kernel).
+__global__ void empty_kernel() {}
+
 #define CHECK_CUDA(x)                                                          \
   do {                                                                         \
     cudaError_t e = (x);                                                       \

@@ -10,10 +10,11 @@
 // library's copy engine and with plain kernels: what moving those bytes costs
 // whatever their layout. Built with the tests (CMake target launch_floor), or:
 //   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Isrc -Ibench bench/launch_floor.cu src/cuda/launch.cu \
-//     src/cuda/strided_copy.cu src/core/strided_copy.cpp -o /tmp/launch_floor && /tmp/launch_floor
+//     src/cuda/launch_probe.cu src/cuda/strided_copy.cu src/core/strided_copy.cpp -o /tmp/launch_floor && /tmp/launch_floor
 #include <cuda_runtime.h>
 
 #include "cuda/launch.h"
+#include "cuda/launch_probe.h"
 #include "cuda/strided_copy.h"
 #include "graph_replay.h"
 
@@ -23,8 +24,6 @@ template <int P>
 struct Blob {
   unsigned char b[P];
 };
-
-__global__ void empty_kernel() {}
 
 // Reads one byte of its parameter block, so the block is really passed.
 template <int P>
@@ -177,7 +176,8 @@ int main() {
   CHECK_CUDA(cudaMemset(big_src, 0, kMaxVectors * 16));
   std::printf("\n| contiguous copy of a pack's bytes, (rows, 8, 128, world 8) bf16 | blocks | us per call |\n|---|---|---|\n");
   std::printf("| empty kernel (no PDL) | 1 | %.3f |\n", replay_us([&](cudaStream_t s) { empty_kernel<<<1, 32, 0, s>>>(); }));
-  std::printf("| PDL: empty | 1 | %.3f |\n", replay_us([&](cudaStream_t s) { launch_pdl(pdl_empty_kernel, 32, s); }));
+  std::printf("| PDL: empty (the library's, as in the op benchmarks) | 1 | %.3f |\n",
+              replay_us([&](cudaStream_t s) { CHECK_CUDA(attnprep::cuda::launch_empty_library_kernel(s)); }));
   auto row = [&](int rows, auto kernel, int unroll, int threads, bool pdl) {
     const int n = rows * 3 * 128, blocks = (n + threads * unroll - 1) / (threads * unroll);
     const double us = replay_us([&](cudaStream_t s) {

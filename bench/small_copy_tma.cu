@@ -11,11 +11,12 @@
 // A diagnostic for the small-shape target (bench/RESULTS.md), not a kernel
 // of the library. Every variant's output is compared with the engine's.
 //   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Isrc bench/small_copy_tma.cu \
-//        src/cuda/strided_copy.cu src/cuda/launch.cu src/core/strided_copy.cpp -o /tmp/tma && /tmp/tma
+//        src/cuda/strided_copy.cu src/cuda/launch.cu src/cuda/launch_probe.cu src/core/strided_copy.cpp -o /tmp/tma && /tmp/tma
 #include <cuda_runtime.h>
 
 #include "core/strided_copy.h"
 #include "cuda/launch.h"
+#include "cuda/launch_probe.h"
 #include "cuda/strided_copy.h"
 #include "graph_replay.h"
 
@@ -76,12 +77,6 @@ __global__ void __launch_bounds__(R) bulk_pack_kernel(const __grid_constant__ Bu
   else
     asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 #endif
-}
-
-__global__ void empty_kernel() {}
-__global__ void pdl_empty_kernel() {
-  let_next_kernel_start();
-  wait_for_prior_kernels();
 }
 
 attnprep::core::StridedCopyPlan engine_plan(unsigned char* const src[3], unsigned char* dst, int rows) {
@@ -145,9 +140,7 @@ int main() {
     CHECK_CUDA(cudaMemcpy(expect.data(), engine_out, out_bytes, cudaMemcpyDeviceToHost));
 
     const double floor = replay_us([](cudaStream_t s) { empty_kernel<<<1, 1, 0, s>>>(); });
-    const double pdl_floor = replay_us([](cudaStream_t s) {
-      CHECK_CUDA(attnprep::cuda::launch_kernel(pdl_empty_kernel, dim3(1), dim3(1), s));
-    });
+    const double pdl_floor = replay_us([](cudaStream_t s) { CHECK_CUDA(attnprep::cuda::launch_empty_library_kernel(s)); });
     const double t_engine = replay_us(engine);
     std::printf("| %d | empty kernel (no PDL) | 1 | %.3f | 1.00 | |\n", rows, floor);
     std::printf("| %d | empty PDL kernel | 1 | %.3f | %.2f | |\n", rows, pdl_floor, pdl_floor / floor);
