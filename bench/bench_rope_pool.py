@@ -9,7 +9,7 @@ device-to-device copy of the same bytes, measured in the same run; CUDA-graph
 replay per call for T <= 512 (20 calls back to back per graph), with
 programmatic dependent launch (PDL) on and off; the plain-PyTorch
 composition (rope on q and k, then index_copy_ into the pools) eager and
-under torch.compile.
+under torch.compile (compiled per T, static shapes).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import torch
 
 import attnprep
+import peers
 from attnprep import _bench as common
 
 HQ, HKV, D, POOL, MAXPOS, BASE = 32, 8, 128, 1_000_000, 131072, 10000.0
@@ -48,7 +49,6 @@ def torch_rope_pool(q, k, v, positions, slots, k_pool, v_pool, freqs):
     return q_rot, k_rot
 
 
-compiled = torch.compile(torch_rope_pool)
 
 
 def case(T, g):
@@ -60,7 +60,7 @@ def case(T, g):
     return q, k, v, positions, slots
 
 
-def run(quick: bool = False, ts=None, peers: bool = True):
+def run(quick: bool = False, ts=None, with_peers: bool = True):
     iters = 10 if quick else 50
     g = torch.Generator(device="cuda").manual_seed(0)
     k_pool = torch.randn(POOL, HKV, D, device="cuda", dtype=torch.bfloat16)
@@ -79,7 +79,8 @@ def run(quick: bool = False, ts=None, peers: bool = True):
             assert err < 2e-2, f"q_rot differs from the plain-PyTorch composition by {err}"
         t = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets], iters)
         te = tc = float("nan")
-        if peers:
+        if with_peers:
+            compiled = peers.compiled_static(torch_rope_pool, *sets[0], k_pool, v_pool, freqs)
             te = common.median_ms([lambda s=s: torch_rope_pool(*s, k_pool, v_pool, freqs) for s in sets], iters)
             tc = common.median_ms([lambda s=s: compiled(*s, k_pool, v_pool, freqs) for s in sets], iters)
         tcopy = common.copy_ms(nbytes // 2, iters)
@@ -89,7 +90,7 @@ def run(quick: bool = False, ts=None, peers: bool = True):
             graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
             with common.pdl(False):
                 graph_off = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
-            if peers:
+            if with_peers:
                 graph_c = common.graph_replay_us(lambda: compiled(*s, k_pool, v_pool, freqs))
         rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, graph_off, tc * 1e3,
                      100 * tcopy / tc, graph_c, te * 1e3, tc / t])

@@ -15,7 +15,7 @@
    (global rows, heads, head_dim) = (41984, 56, 128), (75600, 40, 128),
    (65536, 24, 128). Median ms per exchange over 20 after 5 warm-ups, and
    the speed-up; and the local copies alone (pack vs the three permutes,
-   no exchange). Rank 0 prints a table for bench/RESULTS.md.
+   no exchange). Rank 0 prints a table for bench/README.md.
 
 Keep NCCL_NVLS_ENABLE=0 (set below if unset): NVLink multicast stays off.
 """

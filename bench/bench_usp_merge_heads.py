@@ -1,46 +1,58 @@
-"""Benchmark usp_merge_heads against permute(2, 1, 0, 3, 4).contiguous().
+"""Benchmark usp_merge_heads against its peers at their best (bench/peers.py).
 
     python bench/bench_usp_merge_heads.py [--quick]
+
+Per shape, in one run: median kernel time, % of a device copy of the same
+bytes, the fastest plain-PyTorch formulation eager and compiled per shape
+(static), and the Triton peer.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+
 import torch
 
 import attnprep
+import peers
 from attnprep import _bench as common
+from attnprep.testing import merge_reference
 
-SHAPES = [(8, 8192, 1, 3, 128), (4, 16384, 2, 10, 128), (2, 20992, 1, 28, 128)]
-
-
-def torch_merge(x):
-    return x.permute(2, 1, 0, 3, 4).contiguous()
+SHAPES = [(8, 8192, 1, 3, 128), (8, 4096, 1, 7, 128), (4, 16384, 2, 10, 128), (2, 20992, 1, 28, 128)]
 
 
-compiled_merge = torch.compile(torch_merge)
+def fastest(xs, fns, iters):
+    best = ("", float("inf"))
+    for name, fn in fns.items():
+        for x in xs:
+            assert torch.equal(fn(x), merge_reference(x)), name
+        t = common.median_ms([lambda x=x: fn(x) for x in xs], iters)
+        best = min(best, (name, t), key=lambda b: b[1])
+    return best
 
 
 def run(quick: bool = False):
     iters = 10 if quick else 50
     rows = []
     for shape in SHAPES[:1] if quick else SHAPES:
-        n = 1
-        for s in shape:
-            n *= s
+        n = math.prod(shape)
         nbytes = 2 * n * 2
         xs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(common.sets_needed(nbytes))]
         for x in xs:
-            assert torch.equal(attnprep.usp_merge_heads(x), torch_merge(x)), "merge mismatch"
+            assert torch.equal(attnprep.usp_merge_heads(x), merge_reference(x)), "merge mismatch"
         t = common.median_ms([lambda x=x: attnprep.usp_merge_heads(x) for x in xs], iters)
-        te = common.median_ms([lambda x=x: torch_merge(x) for x in xs], iters)
-        tc = common.median_ms([lambda x=x: compiled_merge(x) for x in xs], iters)
+        eager = fastest(xs, peers.MERGE_FORMULATIONS, iters)
+        comp = fastest(xs, {k: peers.compiled_static(f, xs[0]) for k, f in peers.MERGE_FORMULATIONS.items()}, iters)
+        tri = fastest(xs, {"triton": peers.triton_merge}, iters) if peers.triton else ("", float("nan"))
         tcopy = common.copy_ms(n * 2, iters)
-        rows.append([str(shape), t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, tc * 1e3, 100 * tcopy / tc,
-                     te * 1e3, 100 * tcopy / te])
+        best = min(comp[1], tri[1], eager[1])
+        rows.append([str(shape), t * 1e3, 100 * tcopy / t, comp[1] * 1e3, 100 * tcopy / comp[1], comp[0],
+                     tri[1] * 1e3, 100 * tcopy / tri[1], eager[1] * 1e3, 100 * tcopy / eager[1], best / t])
     common.print_table(f"usp_merge_heads, bf16 ({common.environment()})",
-                       ["(W, S, B, h, D)", "attnprep us", "GB/s", "% of copy", "torch.compile us",
-                        "compile % of copy", "eager us", "eager % of copy"], rows)
+                       ["(W, S, B, h, D)", "attnprep us", "% of copy", "torch.compile us", "% of copy",
+                        "fastest compiled formulation", "Triton us", "% of copy", "eager us", "% of copy",
+                        "best peer / attnprep"], rows)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """attnprep: hand-written CUDA and Metal kernels for the memory-bound steps
 between a transformer's QKV projection and its attention.
 
-Public ops (see README.md and SPEC.md for the contract):
+Public ops (docs/contract.md has the contract):
 
 - :func:`pack_qkv_destination_major`: Ulysses input side, one all-to-all.
 - :func:`usp_merge_heads`: Ulysses output side.

@@ -109,14 +109,6 @@ def pdl_available() -> bool:
         return _C._pdl_on(torch.cuda.current_device())
 
 
-def library_empty_kernel_replay_us(calls: int = 20, replays: int = 200) -> float:
-    """An empty kernel launched the way attnprep launches its kernels (with
-    PDL where on), waiting for the kernel before it: the floor under them."""
-    from attnprep import _C
-
-    return graph_replay_us(lambda: _C._launch_empty(torch.cuda.current_device()), calls, replays)
-
-
 def host_us(fn: Callable[[], object], calls: int = 2000) -> float:
     """Wall time per call over `calls` calls without a sync (launch and binding cost)."""
     for _ in range(50):

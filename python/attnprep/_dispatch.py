@@ -1,10 +1,10 @@
-"""When to call the extension directly and when to go through torch.library.
+"""When to call the extension directly and when to go through torch's dispatcher.
 
 Eager calls on plain tensors go straight to the nanobind function: the
-dispatcher would add several microseconds per call to an op that is meant to
-cost a kernel launch. Anything torch is tracing (torch.compile, FakeTensor,
-tensor subclasses) goes through the registered custom op, whose fake
-implementation gives the output's metadata.
+dispatcher adds microseconds per call to an op that is meant to cost a
+kernel launch. Anything torch is tracing (torch.compile, FakeTensor, tensor
+subclasses) goes through the registered op (``_ops``), whose fake kernel
+checks the metadata and gives the output's.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""rope_pool_fused on Apple GPUs, on torch's own MPS stream.
+"""rope_pool_fused on Apple GPUs: the op's kernel for the MPS device.
 
 The kernel is src/metal/rope_pool.metal (shipped in the package as
 attnprep/metal/). It runs through torch's shader-library API
-(``torch.mps.compile_shader``), so it is ordered with torch's other MPS work
-and needs no synchronisation. The source is compiled once per process and
-cached. macOS builds also compile the same source ahead of time into
-attnprep.metallib (with -Werror, so a wheel never ships a kernel that does
-not compile); no released torch can load a metallib through a public API, so
-the shipped source is what runs.
+(``torch.mps.compile_shader``, which takes source), so it is ordered with
+torch's other MPS work on torch's MPS stream and needs no synchronisation.
+The source is compiled once per process and cached. The macOS CI job also
+compiles it with Apple's compiler, warnings as errors.
 
 Validation, the parameter block and the grid come from C++
 (``_C.rope_pool_metal_plan``: the same checks and messages as CUDA).
@@ -44,7 +42,7 @@ def rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_
     k_rot = k if inplace else torch.empty(k.shape, dtype=k.dtype, device=k.device)
     params, groups, threads = _C.rope_pool_metal_plan(q, k, v, positions, slots, k_pool, v_pool, head_dim,
                                                       num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox,
-                                                      cos_sin_cache, q_rot, k_rot)
+                                                      cos_sin_cache, inplace, q_rot, k_rot)
     if groups:
         block = torch.frombuffer(bytearray(params), dtype=torch.uint8).to(q.device)
         # without a table the kernel never reads it; any buffer fills the slot

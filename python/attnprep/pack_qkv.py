@@ -6,34 +6,8 @@ from typing import Optional
 
 import torch
 
-from . import _C
+from . import _C, _ops  # noqa: F401  (_ops registers torch.ops.attnprep.*)
 from ._dispatch import direct
-
-_OP = "attnprep::pack_qkv_destination_major"
-
-
-@torch.library.custom_op(_OP, mutates_args=())
-def _pack(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int) -> torch.Tensor:
-    return _C.pack_qkv_destination_major(q, k, v, world_size, None)
-
-
-@_pack.register_fake
-def _(q, k, v, world_size):
-    rows, heads, head_size = q.shape
-    # The real op raises the documented ValueError for a bad world_size; the
-    # fake only has to produce metadata without dividing by zero.
-    local = heads // world_size if world_size > 0 else 0
-    return q.new_empty((world_size, rows, local, 3 * head_size))
-
-
-@torch.library.custom_op(_OP + "_out", mutates_args=("out",))
-def _pack_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int, out: torch.Tensor) -> None:
-    _C.pack_qkv_destination_major(q, k, v, world_size, out)
-
-
-@_pack_out.register_fake
-def _(q, k, v, world_size, out):
-    return None
 
 
 def pack_qkv_destination_major(
@@ -53,7 +27,7 @@ def pack_qkv_destination_major(
     unit-stride. Enqueued on the current CUDA stream; safe in CUDA graphs and
     under ``torch.compile``.
 
-    Raises ValueError with the messages documented in README.md.
+    Raises ValueError with the messages of docs/contract.md, in their order.
     """
     if direct(q, k, v, out):
         return _C.pack_qkv_destination_major(q, k, v, world_size, out)

@@ -21,8 +21,13 @@ packing and merging are done with plain torch; the public ops stay CUDA-only).
 Grouped-query attention: ``H_kv`` must divide ``H`` and either be a multiple
 of the world size (each rank gets ``H_kv / W`` kv heads) or divide it (each
 rank gets the one kv head its q heads use; replicated across ranks).
-Every rank must hold the same number of rows; ``validate=True`` (the
-default) checks that with one small all_gather and raises ValueError otherwise.
+
+Ranks agree before any data moves: with ``validate=True`` (the default) one
+small all_gather carries every rank's geometry and the verdict of its local
+checks, so that a bad input on any rank, or ranks that disagree on rows,
+heads, head_dim or dtype, make EVERY rank raise the same ValueError and none
+waits in a collective (docs/contract.md lists the messages). The layer is for
+inference: inputs that require grad, with grad mode on, are refused.
 Any dtype works: the output side merges float16/bfloat16/float32 with
 usp_merge_heads and other dtypes (float64, say) with torch's permute.
 """
@@ -67,6 +72,65 @@ def _check_geometry(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
     _C._check_ulysses_geometry(q, k, v, world)  # the messages live in src/core, once
 
 
+INFERENCE_ONLY = "ulysses: the layer is inference-only; q, k and v must not require grad (use torch.no_grad())"
+
+
+def _check_local(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
+    _check_geometry(q, k, v, world)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError(INFERENCE_ONLY)
+
+
+# What every rank tells the others before any data moves: its geometry, then
+# the verdict of its local checks (0: passed, 1: ValueError, 2: TypeError)
+# with the message as UTF-8 bytes, one per int64.
+_FIELDS = ("rows", "q heads", "kv heads", "head_dim", "dtype")
+_MESSAGE_BYTES = 240
+_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
+           torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
+
+
+def _describe(q, k, v, world: int) -> Tensor:
+    info = torch.zeros(len(_FIELDS) + 1 + _MESSAGE_BYTES, dtype=torch.int64)
+    try:
+        _check_local(q, k, v, world)
+        dtype = _DTYPES.index(q.dtype) + 1 if q.dtype in _DTYPES else 0
+        info[: len(_FIELDS)] = torch.tensor([q.shape[0], q.shape[1], k.shape[1], q.shape[2], dtype])
+    except (ValueError, TypeError) as e:
+        info[len(_FIELDS)] = 1 if isinstance(e, ValueError) else 2
+        text = str(e).encode()[:_MESSAGE_BYTES]
+        info[len(_FIELDS) + 1: len(_FIELDS) + 1 + len(text)] = torch.tensor(list(text), dtype=torch.int64)
+    return info
+
+
+def _agree(q, k, v, group) -> None:
+    """Every rank raises the same error, or none does."""
+    world, _ = _world(group)
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    mine = _describe(q, k, v, world).to(device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    every = [t.cpu() for t in every]
+    n = len(_FIELDS)
+    for rank, info in enumerate(every):
+        verdict = int(info[n])
+        if verdict:
+            text = bytes(int(b) for b in info[n + 1:] if b).decode(errors="replace")
+            raise (ValueError if verdict == 1 else TypeError)(f"ulysses: rank {rank}: {text}")
+    rows = [int(t[0]) for t in every]
+    if len(set(rows)) != 1:
+        raise ValueError(f"ulysses: every rank must hold the same number of rows, got {rows}")
+    for i, field in enumerate(_FIELDS[1:], start=1):
+        values = [int(t[i]) for t in every]
+        if len(set(values)) != 1:
+            if field == "dtype":
+                values = [_DTYPES[x - 1] if x else "another dtype" for x in values]
+            shown = "[" + ", ".join(str(x) for x in values) + "]"
+            raise ValueError(f"ulysses: every rank must pass the same {field}, got {shown}")
+
+
 def _pack_torch(q: Tensor, k: Tensor, v: Tensor, world: int) -> Tensor:
     """The packed send buffer in plain torch (CPU tensors): [W, rows, (hq + 2 hkv) * D]."""
     rows, heads, dim = q.shape
@@ -103,7 +167,7 @@ def _unpack(recv: Tensor, q_heads: int, kv_heads: int, dim: int, world: int):
     return x[:, :local_q], x[:, local_q: local_q + local_kv], x[:, local_q + local_kv:]
 
 
-# usp_merge_heads' dtypes (SPEC.md section 2); the layer merges others with torch
+# usp_merge_heads' dtypes (docs/contract.md); the layer merges others with torch
 _MERGE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -113,16 +177,6 @@ def _merge(x: Tensor) -> Tensor:
     if x.is_cuda and x.dtype in _MERGE_DTYPES:
         return usp_merge_heads(x.view(world, rows, 1, h, dim)).view(rows, world * h, dim)
     return x.permute(1, 0, 2, 3).reshape(rows, world * h, dim)
-
-
-def _validate_rows(q: Tensor, group) -> None:
-    world, _ = _world(group)
-    mine = torch.tensor([q.shape[0]], dtype=torch.int64, device=q.device)
-    every = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(every, mine, group=group)
-    counts = [int(t.item()) for t in every]
-    if len(set(counts)) != 1:
-        raise ValueError(f"ulysses: every rank must hold the same number of rows, got {counts}")
 
 
 class _Pending:
@@ -145,9 +199,10 @@ def scatter_heads(q: Tensor, k: Tensor, v: Tensor, group=None, async_op: bool = 
     receive buffer), or with ``async_op=True`` an object whose ``wait()``
     returns them, so independent work can overlap the exchange."""
     world, _ = _world(group)
-    _check_geometry(q, k, v, world)
     if validate:
-        _validate_rows(q, group)
+        _agree(q, k, v, group)
+    else:
+        _check_local(q, k, v, world)
     packed = _pack(q, k, v, world)
     recv = torch.empty_like(packed)
     work = dist.all_to_all_single(recv, packed, group=group, async_op=async_op) if world > 1 else None

@@ -4,21 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _C
+from . import _C, _ops  # noqa: F401  (_ops registers torch.ops.attnprep.*)
 from ._dispatch import direct
-
-
-@torch.library.custom_op("attnprep::usp_merge_heads", mutates_args=())
-def _merge(x: torch.Tensor) -> torch.Tensor:
-    return _C.usp_merge_heads(x)
-
-
-@_merge.register_fake
-def _(x):
-    if x.dim() != 5:  # the real op raises the documented ValueError
-        return x.new_empty(x.shape)
-    w, s, b, h, d = x.shape
-    return x.new_empty((b, s, w, h, d))
 
 
 def usp_merge_heads(x: torch.Tensor) -> torch.Tensor:

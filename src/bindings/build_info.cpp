@@ -7,7 +7,6 @@
 
 #if ATTNPREP_WITH_CUDA
 #include "cuda/launch.h"
-#include "cuda/launch_probe.h"
 #endif
 
 #if ATTNPREP_WITH_CUDA
@@ -29,22 +28,18 @@ void init_build_info(nb::module_& m) {
     info["cuda_version"] = nb::none();
     info["cuda_architectures"] = "";
 #endif
-    info["metal"] = static_cast<bool>(ATTNPREP_WITH_METAL);
+    // The Metal kernel ships as source in every build; torch compiles and
+    // runs it on Apple GPUs.
+#if defined(__APPLE__)
+    info["metal"] = true;
+#else
+    info["metal"] = false;
+#endif
     info["dlpack_path"] = dlpack_path();
     return info;
   });
 #if ATTNPREP_WITH_CUDA
-  // Benchmark helper: host us per bare launch on torch's current stream of `device`.
-  m.def("_empty_launch_us", [](int device, int launches) {
-    core::Device d{core::DeviceType::CUDA, device};
-    double us = -1;
-    run_cuda("_empty_launch_us", d, [&](cudaStream_t stream) {
-      us = cuda::empty_launch_us(launches, stream);
-      return cudaGetLastError();
-    });
-    return us;
-  });
-  // Benchmark/test helpers: programmatic dependent launch (src/cuda/launch.h).
+  // Test and benchmark switches: programmatic dependent launch (src/cuda/launch.h).
   // mode -1: as ATTNPREP_PDL says, 0: off, 1: on where the device has it.
   m.def("_set_pdl_mode", [](int mode) { cuda::set_pdl_mode(mode); });
   m.def("_pdl_on", [](int device) {
@@ -55,10 +50,6 @@ void init_build_info(nb::module_& m) {
       return cudaSuccess;
     });
     return on;
-  });
-  m.def("_launch_empty", [](int device) {
-    core::Device d{core::DeviceType::CUDA, device};
-    run_cuda("_launch_empty", d, [&](cudaStream_t stream) { return cuda::launch_empty_library_kernel(stream); });
   });
 #endif
 }

@@ -1,4 +1,7 @@
-// Python binding of pack_qkv_destination_major (SPEC.md section 1).
+// Python binding of pack_qkv_destination_major (docs/contract.md), and the
+// Ulysses layer's internal GQA pack and geometry checks.
+#include <nanobind/stl/vector.h>
+
 #include "bindings/cuda_launch.h"
 #include "bindings/tensor_import.h"
 #include "core/pack_qkv.h"
@@ -10,12 +13,16 @@
 namespace attnprep::bindings {
 namespace {
 
-nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, int64_t world_size,
+constexpr const char* kOp = "pack_qkv_destination_major";
+constexpr const char* kWorldMessage = "world_size must be positive and divide global_heads";
+
+nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, nb::handle world_size,
                                       nb::handle out) {
   const ImportedTensor tq = import_tensor(q, "q");
   const ImportedTensor tk = import_tensor(k, "k");
   const ImportedTensor tv = import_tensor(v, "v");
-  const core::PackQkvShape shape = core::check_pack_qkv_inputs(tq.arg, tk.arg, tv.arg, world_size);
+  const int64_t world = int_arg(world_size, kOp, "world_size", kWorldMessage);
+  const core::PackQkvShape shape = core::check_pack_qkv_inputs(tq.arg, tk.arg, tv.arg, world);
 
   nb::object result;
   core::TensorArg dst;
@@ -25,14 +32,27 @@ nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, 
     dst = n.arg;
   } else {
     dst = import_tensor(out, "out").arg;
-    core::check_pack_qkv_out(shape, tq.arg, dst);
+    core::check_pack_qkv_out(shape, tq.arg, tk.arg, tv.arg, dst);
     result = nb::borrow(out);
   }
   if (dst.numel() == 0) return result;
 
   const core::StridedCopyPlan plan = core::plan_pack_qkv(shape, tq.arg, tk.arg, tv.arg, dst);
-  ATTNPREP_RUN_CUDA("pack_qkv_destination_major", tq.arg.device, stream, cuda::strided_copy(plan, stream));
+  ATTNPREP_RUN_CUDA(kOp, tq.arg.device, stream, cuda::strided_copy(plan, stream));
   return result;
+}
+
+// The fake kernel's half: every check on metadata alone (FakeTensors under
+// torch.compile, meta tensors), and the output shape.
+std::vector<int64_t> pack_qkv_meta(nb::handle q, nb::handle k, nb::handle v, nb::handle world_size,
+                                   nb::handle out) {
+  const ImportedTensor tq = import_metadata(q, "q");
+  const ImportedTensor tk = import_metadata(k, "k");
+  const ImportedTensor tv = import_metadata(v, "v");
+  const int64_t world = int_arg(world_size, kOp, "world_size", kWorldMessage);
+  const core::PackQkvShape shape = core::check_pack_qkv_inputs(tq.arg, tk.arg, tv.arg, world);
+  if (!out.is_none()) core::check_pack_qkv_out(shape, tq.arg, tk.arg, tv.arg, import_metadata(out, "out").arg);
+  return {shape.out_shape, shape.out_shape + 4};
 }
 
 // Internal: the GQA pack of the Ulysses layer (not part of the public API).
@@ -49,21 +69,24 @@ nb::object pack_qkv_gqa(nb::handle q, nb::handle k, nb::handle v, int64_t world_
 }
 
 void check_ulysses_geometry(nb::handle q, nb::handle k, nb::handle v, int64_t world_size) {
-  core::check_ulysses_geometry(import_tensor(q, "q").arg, import_tensor(k, "k").arg, import_tensor(v, "v").arg,
-                               world_size);
+  core::check_ulysses_geometry(import_metadata(q, "q").arg, import_metadata(k, "k").arg,
+                               import_metadata(v, "v").arg, world_size);
 }
 
 }  // namespace
 
 void init_pack_qkv(nb::module_& m) {
-  m.def("pack_qkv_destination_major", &pack_qkv_destination_major, nb::arg("q"), nb::arg("k"),
-        nb::arg("v"), nb::arg("world_size"), nb::arg("out").none() = nb::none(),
+  m.def("pack_qkv_destination_major", &pack_qkv_destination_major, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
+        nb::arg("world_size").none(), nb::arg("out").none() = nb::none(),
         "Pack q, k, v [rows, heads, head_size] into [world_size, rows, heads // world_size, "
         "3 * head_size] for one all_to_all_single. Returns `out` (allocated when None).");
-  m.def("_pack_qkv_gqa", &pack_qkv_gqa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("world_size"),
+  m.def("_pack_qkv_meta", &pack_qkv_meta, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("world_size").none(),
+        nb::arg("out").none() = nb::none(),
+        "Internal (fake kernel): the checks on metadata alone; returns the output shape.");
+  m.def("_pack_qkv_gqa", &pack_qkv_gqa, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("world_size"),
         "Internal (Ulysses, GQA): [W, rows, (local_q + 2 * local_kv) * head_size].");
-  m.def("_check_ulysses_geometry", &check_ulysses_geometry, nb::arg("q"), nb::arg("k"), nb::arg("v"),
-        nb::arg("world_size"), "Internal: the Ulysses layer's head-geometry checks (any device).");
+  m.def("_check_ulysses_geometry", &check_ulysses_geometry, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
+        nb::arg("world_size"), "Internal: the Ulysses layer's head-geometry checks (metadata only, any device).");
 }
 
 }  // namespace attnprep::bindings

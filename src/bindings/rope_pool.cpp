@@ -1,4 +1,4 @@
-// Python binding of rope_pool_fused (SPEC.md section 3).
+// Python binding of rope_pool_fused (docs/contract.md).
 #include <nanobind/stl/string.h>
 
 #include "bindings/cuda_launch.h"
@@ -12,23 +12,33 @@
 namespace attnprep::bindings {
 namespace {
 
+constexpr const char* kOp = "rope_pool_fused";
+
 struct Imported {
   ImportedTensor q, k, v, positions, slots, k_pool, v_pool, cache;
   core::RopePoolArgs args;
 };
 
-Imported import_and_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
-                          nb::handle k_pool, nb::handle v_pool, int64_t head_dim, int64_t num_qo_heads,
-                          int64_t num_kv_heads, double rope_base, int64_t rotary_dim, bool is_neox,
+// The scalar arguments, as Python passes them (converted and range-checked
+// here so that a wrong type is a TypeError in the op's words, not nanobind's
+// signature dump).
+struct Scalars {
+  nb::handle head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace;
+};
+
+using Import = ImportedTensor (*)(nb::handle, const char*);
+
+Imported import_and_check(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
+                          nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
                           nb::handle cos_sin_cache) {
   Imported in;
-  in.q = import_tensor(q, "q");
-  in.k = import_tensor(k, "k");
-  in.v = import_tensor(v, "v");
-  in.positions = import_tensor(positions, "positions");
-  in.slots = import_tensor(slots, "slots");
-  in.k_pool = import_tensor(k_pool, "k_pool");
-  in.v_pool = import_tensor(v_pool, "v_pool");
+  in.q = import(q, "q");
+  in.k = import(k, "k");
+  in.v = import(v, "v");
+  in.positions = import(positions, "positions");
+  in.slots = import(slots, "slots");
+  in.k_pool = import(k_pool, "k_pool");
+  in.v_pool = import(v_pool, "v_pool");
   core::RopePoolArgs& a = in.args;
   a.q = in.q.arg;
   a.k = in.k.arg;
@@ -38,35 +48,41 @@ Imported import_and_check(nb::handle q, nb::handle k, nb::handle v, nb::handle p
   a.k_pool = in.k_pool.arg;
   a.v_pool = in.v_pool.arg;
   if (!cos_sin_cache.is_none()) {
-    in.cache = import_tensor(cos_sin_cache, "cos_sin_cache");
+    in.cache = import(cos_sin_cache, "cos_sin_cache");
     a.has_cache = true;
     a.cos_sin_cache = in.cache.arg;
   }
-  a.head_dim = head_dim;
-  a.num_qo_heads = num_qo_heads;
-  a.num_kv_heads = num_kv_heads;
-  a.rope_base = rope_base;
-  a.rotary_dim = rotary_dim;
-  a.is_neox = is_neox;
+  a.head_dim = int_arg(sc.head_dim, kOp, "head_dim");
+  a.num_qo_heads = int_arg(sc.num_qo_heads, kOp, "num_qo_heads");
+  a.num_kv_heads = int_arg(sc.num_kv_heads, kOp, "num_kv_heads");
+  a.rope_base = float_arg(sc.rope_base, kOp, "rope_base");
+  a.has_rotary_dim = !sc.rotary_dim.is_none();
+  if (a.has_rotary_dim) a.rotary_dim = int_arg(sc.rotary_dim, kOp, "rotary_dim");
+  a.is_neox = bool_arg(sc.is_neox, kOp, "is_neox");
+  a.inplace = bool_arg(sc.inplace, kOp, "inplace");
   core::check_rope_pool(a);
   return in;
 }
 
 // Validates, allocates q_rot/k_rot (unless inplace) and launches; returns
 // (q_rot, k_rot, k_pool, v_pool) with the pools being the caller's objects.
+// Returns None, having checked everything, for MPS tensors: their kernel is
+// registered with torch for the MPS device (python/attnprep/metal.py) and the
+// caller dispatches there.
 nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
-                           nb::handle k_pool, nb::handle v_pool, int64_t head_dim, int64_t num_qo_heads,
-                           int64_t num_kv_heads, double rope_base, int64_t rotary_dim, bool is_neox,
-                           nb::handle cos_sin_cache, bool inplace) {
-  Imported in = import_and_check(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-                                 rope_base, rotary_dim, is_neox, cos_sin_cache);
+                           nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
+                           nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
+                           nb::handle cos_sin_cache, nb::handle inplace) {
+  Imported in = import_and_check(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
+                                 {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace},
+                                 cos_sin_cache);
   const core::RopePoolArgs& a = in.args;
-  if (a.q.device.type != core::DeviceType::CUDA)
-    throw std::runtime_error("rope_pool_fused: MPS tensors are dispatched by attnprep.metal, not this function");
+  if (a.q.device.type != core::DeviceType::CUDA) return nb::none();
+  const bool inplace_ = a.inplace;
 
   nb::object q_rot, k_rot;
   core::TensorArg qo = a.q, ko = a.k;
-  if (inplace) {
+  if (inplace_) {
     q_rot = nb::borrow(q);
     k_rot = nb::borrow(k);
   } else {
@@ -89,23 +105,27 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
   return result;
 }
 
+// Every check (on metadata alone when `metadata_only`: the fake kernel's
+// half under torch.compile), nothing launched.
 void rope_pool_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
-                     nb::handle k_pool, nb::handle v_pool, int64_t head_dim, int64_t num_qo_heads,
-                     int64_t num_kv_heads, double rope_base, int64_t rotary_dim, bool is_neox,
-                     nb::handle cos_sin_cache) {
-  import_and_check(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base,
-                   rotary_dim, is_neox, cos_sin_cache);
+                     nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
+                     nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
+                     nb::handle cos_sin_cache, nb::handle inplace, bool metadata_only) {
+  import_and_check(metadata_only ? import_metadata : import_tensor, q, k, v, positions, slots, k_pool, v_pool,
+                   {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache);
 }
 
 // The Metal dispatch (parameter block as bytes, threadgroups, threads per
 // group) for checked arguments and the given outputs: python/attnprep/metal.py
 // runs the kernel on torch's MPS stream with exactly these.
 nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
-                               nb::handle k_pool, nb::handle v_pool, int64_t head_dim, int64_t num_qo_heads,
-                               int64_t num_kv_heads, double rope_base, int64_t rotary_dim, bool is_neox,
-                               nb::handle cos_sin_cache, nb::handle q_rot, nb::handle k_rot) {
-  Imported in = import_and_check(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-                                 rope_base, rotary_dim, is_neox, cos_sin_cache);
+                               nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
+                               nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim,
+                               nb::handle is_neox, nb::handle cos_sin_cache, nb::handle inplace, nb::handle q_rot,
+                               nb::handle k_rot) {
+  Imported in = import_and_check(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
+                                 {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace},
+                                 cos_sin_cache);
   const core::TensorArg qo = import_tensor(q_rot, "q_rot").arg, ko = import_tensor(k_rot, "k_rot").arg;
   const core::MetalDispatch d = core::plan_rope_pool_metal(in.args, qo, ko);
   return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(&d.params), sizeof(d.params)), d.threadgroups,
@@ -115,21 +135,22 @@ nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::han
 }  // namespace
 
 void init_rope_pool(nb::module_& m) {
-  m.def("rope_pool_fused", &rope_pool_fused, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("positions"),
-        nb::arg("slots"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("head_dim"), nb::arg("num_qo_heads"),
-        nb::arg("num_kv_heads"), nb::arg("rope_base"), nb::arg("rotary_dim") = -1, nb::arg("is_neox") = true,
-        nb::arg("cos_sin_cache").none() = nb::none(), nb::arg("inplace") = false,
-        "Fused RoPE on q and k plus KV-pool scatter; returns (q_rot, k_rot, k_pool, v_pool).");
-  m.def("rope_pool_check", &rope_pool_check, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("positions"),
-        nb::arg("slots"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("head_dim"), nb::arg("num_qo_heads"),
-        nb::arg("num_kv_heads"), nb::arg("rope_base"), nb::arg("rotary_dim") = -1, nb::arg("is_neox") = true,
-        nb::arg("cos_sin_cache").none() = nb::none(),
+  m.def("rope_pool_fused", &rope_pool_fused, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("positions").none(),
+        nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(),
+        nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
+        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(),
+        "Fused RoPE on q and k plus KV-pool scatter; returns (q_rot, k_rot, k_pool, v_pool), or None after "
+        "the checks for MPS tensors (dispatched through torch).");
+  m.def("rope_pool_check", &rope_pool_check, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("positions").none(),
+        nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(),
+        nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
+        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("metadata_only") = false,
         "Runs rope_pool_fused's checks only (ValueError on failure).");
-  m.def("rope_pool_metal_plan", &rope_pool_metal_plan, nb::arg("q"), nb::arg("k"), nb::arg("v"),
-        nb::arg("positions"), nb::arg("slots"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("head_dim"),
-        nb::arg("num_qo_heads"), nb::arg("num_kv_heads"), nb::arg("rope_base"), nb::arg("rotary_dim"),
-        nb::arg("is_neox"), nb::arg("cos_sin_cache").none(), nb::arg("q_rot"), nb::arg("k_rot"),
-        "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
+  m.def("rope_pool_metal_plan", &rope_pool_metal_plan, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
+        nb::arg("positions").none(), nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(),
+        nb::arg("num_qo_heads").none(), nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(),
+        nb::arg("is_neox").none(), nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("q_rot").none(),
+        nb::arg("k_rot").none(), "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
 }
 
 }  // namespace attnprep::bindings

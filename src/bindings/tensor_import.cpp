@@ -1,10 +1,14 @@
 #include "bindings/tensor_import.h"
 
+#include "core/errors.h"
+
 #include <Python.h>
 #include <nanobind/stl/string.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 namespace attnprep::bindings {
 namespace {
@@ -93,8 +97,6 @@ core::DType to_dtype(uint8_t code, uint8_t bits) {
 
 core::TensorArg to_arg(const dltensor& t, const char* what) {
   core::TensorArg a;
-  if (t.ndim > core::kMaxDims)
-    throw nb::type_error((std::string(what) + " has more dimensions than attnprep supports").c_str());
   if (t.dtype.lanes != 1 || t.dtype.bits % 8 != 0)
     throw nb::type_error((std::string(what) + " has a dtype attnprep cannot address").c_str());
   a.data = static_cast<unsigned char*>(t.data) + t.byte_offset;
@@ -106,6 +108,10 @@ core::TensorArg to_arg(const dltensor& t, const char* what) {
                 : dev == kDLCPU ? core::DeviceType::CPU : core::DeviceType::Other;
   a.device.index = t.device.device_id;
   a.ndim = t.ndim;
+  if (t.ndim > core::kMaxDims) {  // no op takes that many: keep the shape for the message
+    a.full_shape = t.shape;
+    return a;
+  }
   int64_t expected = 1;
   for (int d = t.ndim - 1; d >= 0; --d) {
     a.shape[d] = t.shape[d];
@@ -113,6 +119,30 @@ core::TensorArg to_arg(const dltensor& t, const char* what) {
     expected *= t.shape[d];
   }
   return a;
+}
+
+std::string py_type_name(nb::handle obj) { return nb::cast<std::string>(obj.type().attr("__name__")); }
+
+core::DType dtype_from_name(const std::string& name) {
+  using core::DType;
+  static const std::pair<const char*, DType> table[] = {
+      {"torch.float16", DType::Float16},       {"torch.bfloat16", DType::BFloat16},
+      {"torch.float32", DType::Float32},       {"torch.float64", DType::Float64},
+      {"torch.float8_e4m3fn", DType::Float8E4M3FN}, {"torch.float8_e5m2", DType::Float8E5M2},
+      {"torch.int8", DType::Int8},             {"torch.uint8", DType::UInt8},
+      {"torch.int16", DType::Int16},           {"torch.int32", DType::Int32},
+      {"torch.int64", DType::Int64},           {"torch.bool", DType::Bool},
+      {"torch.complex64", DType::Complex64},   {"torch.complex128", DType::Complex128}};
+  for (const auto& [n, d] : table)
+    if (name == n) return d;
+  return DType::Other;
+}
+
+bool is_meta(nb::handle obj) {
+  nb::object device = nb::getattr(obj, "device", nb::none());
+  if (device.is_none()) return false;
+  nb::object type = nb::getattr(device, "type", nb::none());
+  return nb::isinstance<nb::str>(type) && nb::cast<std::string>(type) == "meta";
 }
 
 [[noreturn]] void not_a_tensor(nb::handle obj, const char* what) {
@@ -128,18 +158,83 @@ nb::module_& torch_module() {
 
 }  // namespace
 
+// The ints of a Python sequence (torch.Size, a stride tuple); symbolic
+// sizes (dynamic shapes) become their hint through int().
+std::vector<int64_t> int_list(nb::handle seq) {
+  nb::object items = nb::steal(PySequence_Fast(seq.ptr(), "expected a sequence"));
+  if (!items) throw nb::python_error();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(items.ptr());
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    nb::object v = nb::steal(PyNumber_Long(PySequence_Fast_GET_ITEM(items.ptr(), i)));
+    if (!v) throw nb::python_error();
+    out[static_cast<size_t>(i)] = PyLong_AsLongLong(v.ptr());
+  }
+  return out;
+}
+
+std::string str_of(nb::handle obj) {
+  nb::object s = nb::steal(PyObject_Str(obj.ptr()));
+  if (!s) throw nb::python_error();
+  const char* c = PyUnicode_AsUTF8(s.ptr());
+  if (c == nullptr) throw nb::python_error();
+  return c;
+}
+
+ImportedTensor import_metadata(nb::handle obj, const char* what) {
+  if (!nb::hasattr(obj, "shape") || !nb::hasattr(obj, "stride") || !nb::hasattr(obj, "dtype") ||
+      !nb::hasattr(obj, "device"))
+    not_a_tensor(obj, what);
+  ImportedTensor out;
+  core::TensorArg& a = out.arg;
+  a.has_address = false;
+  std::vector<int64_t> shape = int_list(obj.attr("shape"));
+  std::vector<int64_t> stride = int_list(obj.attr("stride")());
+  a.ndim = static_cast<int32_t>(shape.size());
+  a.dtype = dtype_from_name(str_of(obj.attr("dtype")));
+  a.itemsize = static_cast<int32_t>(PyLong_AsLong(obj.attr("element_size")().ptr()));
+  nb::object device = obj.attr("device");
+  const std::string type = str_of(device.attr("type"));
+  a.device.type = type == "cuda" ? core::DeviceType::CUDA
+                : type == "mps" ? core::DeviceType::MPS
+                : type == "cpu" ? core::DeviceType::CPU : core::DeviceType::Other;
+  nb::object index = device.attr("index");
+  a.device.index = index.is_none() ? 0 : static_cast<int32_t>(PyLong_AsLong(index.ptr()));
+  if (a.ndim > core::kMaxDims) {
+    out.full_shape = std::move(shape);
+    a.full_shape = out.full_shape.data();
+    return out;
+  }
+  for (int d = 0; d < a.ndim; ++d) {
+    a.shape[d] = shape[static_cast<size_t>(d)];
+    a.strides[d] = stride[static_cast<size_t>(d)];
+  }
+  return out;
+}
+
 ImportedTensor import_tensor(nb::handle obj, const char* what) {
   ImportedTensor out;
   if (const ExchangeApi* api = exchange_api(Py_TYPE(obj.ptr()))) {
     dltensor t;
-    if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) throw nb::python_error();
+    if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) {
+      // Only a tensor without data falls back to its metadata: any other
+      // refusal (a conjugate or negative view, say) is torch's to report,
+      // since copying the raw memory would lose what the view means.
+      nb::python_error refusal;  // takes the pending Python error
+      if (!is_meta(obj)) throw refusal;
+      return import_metadata(obj, what);
+    }
     out.arg = to_arg(t, what);
     out.dl_dtype = t.dtype;
     out.dl_device = t.device;
     return out;
   }
   if (!nb::hasattr(obj, "__dlpack__")) not_a_tensor(obj, what);
-  if (!nb::try_cast(obj, out.keepalive, false)) not_a_tensor(obj, what);
+  if (is_meta(obj)) return import_metadata(obj, what);
+  if (!nb::try_cast(obj, out.keepalive, false)) {
+    obj.attr("__dlpack__")();  // raises torch's own reason, if it has one
+    not_a_tensor(obj, what);
+  }
   dltensor t;
   t.data = out.keepalive.data_handle();
   t.byte_offset = out.keepalive.byte_offset();
@@ -153,6 +248,37 @@ ImportedTensor import_tensor(nb::handle obj, const char* what) {
   out.dl_dtype = t.dtype;
   out.dl_device = t.device;
   return out;
+}
+
+int64_t int_arg(nb::handle obj, const char* op, const char* name, const char* out_of_range) {
+  if (PyBool_Check(obj.ptr()) || !PyIndex_Check(obj.ptr()))
+    throw nb::type_error((std::string(op) + ": " + name + " must be an int, got " + py_type_name(obj)).c_str());
+  nb::object index = nb::steal(PyNumber_Index(obj.ptr()));
+  if (!index) throw nb::python_error();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0 && out_of_range != nullptr) throw core::ValueError(out_of_range);
+  if (overflow != 0) return overflow > 0 ? INT64_MAX : INT64_MIN;
+  if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+  return static_cast<int64_t>(v);
+}
+
+double float_arg(nb::handle obj, const char* op, const char* name) {
+  if (PyBool_Check(obj.ptr()) || !(PyFloat_Check(obj.ptr()) || PyIndex_Check(obj.ptr())))
+    throw nb::type_error((std::string(op) + ": " + name + " must be a number, got " + py_type_name(obj)).c_str());
+  const double v = PyFloat_AsDouble(obj.ptr());
+  if (v == -1.0 && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) throw nb::python_error();
+    PyErr_Clear();  // an int past double's range: as good as infinite
+    return PyObject_RichCompareBool(obj.ptr(), nb::int_(0).ptr(), Py_GT) ? HUGE_VAL : -HUGE_VAL;
+  }
+  return v;
+}
+
+bool bool_arg(nb::handle obj, const char* op, const char* name) {
+  if (!PyBool_Check(obj.ptr()))
+    throw nb::type_error((std::string(op) + ": " + name + " must be a bool, got " + py_type_name(obj)).c_str());
+  return obj.ptr() == Py_True;
 }
 
 void* current_stream(const core::Device& device) {

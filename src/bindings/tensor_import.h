@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -28,10 +29,28 @@ struct ImportedTensor {
   nb::dlpack::dtype dl_dtype;    // as torch described it, to allocate alike
   nb::dlpack::device dl_device;
   nb::ndarray<> keepalive;
+  std::vector<int64_t> full_shape;  // arg.full_shape, for metadata imports of over kMaxDims dims
 };
 
 // Views `obj` as a tensor. Raises TypeError naming `what` when it is not one.
+// A tensor with no data (device "meta") is described by its metadata, with
+// no address, so the checks reject its device with the documented message.
 ImportedTensor import_tensor(nb::handle obj, const char* what);
+
+// Describes `obj` from its Python metadata alone (shape, stride, dtype,
+// device; no address): what the fake kernels check under torch.compile,
+// where tensors are FakeTensors with no data.
+ImportedTensor import_metadata(nb::handle obj, const char* what);
+
+// `obj` as a Python int (anything with __index__, bool excluded). TypeError
+// "{op}: {name} must be an int, got {type}" otherwise. A value outside int64
+// raises ValueError(out_of_range) when given, else saturates (the op's range
+// checks then reject it with their own message).
+int64_t int_arg(nb::handle obj, const char* op, const char* name, const char* out_of_range = nullptr);
+// `obj` as a number (int or float). TypeError "{op}: {name} must be a number, got {type}".
+double float_arg(nb::handle obj, const char* op, const char* name);
+// `obj` as a bool. TypeError "{op}: {name} must be a bool, got {type}".
+bool bool_arg(nb::handle obj, const char* op, const char* name);
 
 // The current torch stream of `device` (CUDA: cudaStream_t; MPS: MTLCommandQueue's
 // stream object as torch reports it), as an opaque pointer.

@@ -1,4 +1,6 @@
-// Python binding of usp_merge_heads (SPEC.md section 2).
+// Python binding of usp_merge_heads (docs/contract.md).
+#include <nanobind/stl/vector.h>
+
 #include "bindings/cuda_launch.h"
 #include "bindings/tensor_import.h"
 #include "core/usp_merge_heads.h"
@@ -21,12 +23,21 @@ nb::object usp_merge_heads(nb::handle x) {
   return std::move(out.tensor);
 }
 
+// The fake kernel's half: the checks on metadata alone, and the output shape.
+std::vector<int64_t> usp_merge_heads_meta(nb::handle x) {
+  int64_t shape[5];
+  core::check_usp_merge_heads(import_metadata(x, "x").arg, shape);
+  return {shape, shape + 5};
+}
+
 }  // namespace
 
 void init_usp_merge_heads(nb::module_& m) {
-  m.def("usp_merge_heads", &usp_merge_heads, nb::arg("x"),
+  m.def("usp_merge_heads", &usp_merge_heads, nb::arg("x").none(),
         "[W, S, B, h_local, D] -> [B, S, W, h_local, D], contiguous; bit-exact with "
         "x.permute(2, 1, 0, 3, 4).contiguous().");
+  m.def("_usp_merge_heads_meta", &usp_merge_heads_meta, nb::arg("x").none(),
+        "Internal (fake kernel): the checks on metadata alone; returns the output shape.");
 }
 
 }  // namespace attnprep::bindings

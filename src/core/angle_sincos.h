@@ -1,11 +1,11 @@
 // sin and cos of a float32 rotary angle, each within one float32 ulp of the
-// true value (SPEC.md: "a few float32 ulp"), at any magnitude.
+// true value (docs/contract.md: "a few float32 ulp"), at any magnitude.
 //
 // Why not CUDA's sincosf: above |angle| = 105615 it switches to a Payne-Hanek
 // reduction that walks a table through local memory, and rotary angles reach
 // that as soon as a position passes ~1e5. In a kernel where one block builds a
 // token's cos/sin table before any of its threads may go on, that one slow
-// thread delays the whole block (bench/RESULTS.md, rope kernel history).
+// thread delays the whole block.
 //
 // Here the angle, exact in double, is reduced by k * pi/2 with pi/2 split in
 // three doubles and fused multiply-adds: the remainder is off by about 1e-16

@@ -1,6 +1,7 @@
 #include "core/pack_qkv.h"
 
 #include "core/errors.h"
+#include "core/overlap.h"
 
 namespace attnprep::core {
 
@@ -32,11 +33,13 @@ PackQkvShape check_pack_qkv_inputs(const TensorArg& q, const TensorArg& k, const
   return s;
 }
 
-void check_pack_qkv_out(const PackQkvShape& s, const TensorArg& q, const TensorArg& out) {
+void check_pack_qkv_out(const PackQkvShape& s, const TensorArg& q, const TensorArg& k, const TensorArg& v,
+                        const TensorArg& out) {
   require(out.has_shape({s.out_shape[0], s.out_shape[1], s.out_shape[2], s.out_shape[3]}) &&
               out.is_contiguous() && out.device == q.device && out.dtype == q.dtype &&
               out.itemsize == q.itemsize,
           "out must be a contiguous tensor with the expected shape, device, and dtype");
+  require(!may_overlap(out, q) && !may_overlap(out, k) && !may_overlap(out, v), "out must not overlap q, k, or v");
 }
 
 StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const TensorArg& k,
@@ -51,11 +54,9 @@ StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const T
     job.src = t.data;
     job.dst = static_cast<unsigned char*>(out.data) + j * s.head_size * es;
     // output coordinates (d, r, h) -> source row r, head d * local_heads + h,
-    // walked in output order: walking in source order (r, d, h) measured
-    // 0.5-1.6% slower at every shape (bench/RESULTS.md, third session); 2 or
-    // 4 destinations side by side (longer source runs) and tiles of 16-256
-    // rows walked destination by destination measured the same as this
-    // (eighth session)
+    // walked in output order, so that consecutive blocks write consecutive
+    // output bytes (walking in source order keeps reads sequential instead,
+    // and DRAM serves scattered reads better than scattered writes)
     const int64_t dims[kCopyDims] = {1, s.world_size, s.rows, s.local_heads};
     const int64_t src_stride[kCopyDims] = {0, s.local_heads * t.stride(1) * es, t.stride(0) * es,
                                            t.stride(1) * es};
@@ -80,14 +81,14 @@ void check_ulysses_geometry(const TensorArg& q, const TensorArg& k, const Tensor
   const int64_t kv = k.size(1);
   require(kv >= 1 && q.size(1) % kv == 0 && (kv % world_size == 0 || world_size % kv == 0),
           "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size");
+  require(q.device == k.device && q.device == v.device, "ulysses: q, k and v must be on one device");
+  require(q.dtype == k.dtype && q.dtype == v.dtype && q.itemsize == k.itemsize && q.itemsize == v.itemsize,
+          "ulysses: q, k and v must have one dtype");
 }
 
 PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size) {
   check_ulysses_geometry(q, k, v, world_size);
-  require(q.device.type == DeviceType::CUDA && q.device == k.device && q.device == v.device,
-          "ulysses: q, k and v must be on one CUDA device");
-  require(q.dtype == k.dtype && q.dtype == v.dtype && q.itemsize == k.itemsize && q.itemsize == v.itemsize,
-          "ulysses: q, k and v must have one dtype");
+  require(q.device.type == DeviceType::CUDA, "ulysses: q, k and v must be on one CUDA device");
   require(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,
           "ulysses: q, k and v must be contiguous in head_dim");
   const int64_t kv = k.size(1);

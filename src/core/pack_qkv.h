@@ -1,4 +1,4 @@
-// pack_qkv_destination_major: the checks of SPEC.md section 1, in order, and
+// pack_qkv_destination_major: the checks of docs/contract.md, in order, and
 // the copy plan that packs q, k and v destination-major in one launch.
 #pragma once
 
@@ -15,13 +15,15 @@ struct PackQkvShape {
   int64_t out_shape[4];
 };
 
-// Runs checks 1-5 (q, k, v, world_size). Check 6 needs the output and runs in
+// Runs checks 1-5 (q, k, v, world_size). Checks 6-7 need the output and run in
 // check_pack_qkv_out, so the bindings can allocate the output in between.
 PackQkvShape check_pack_qkv_inputs(const TensorArg& q, const TensorArg& k, const TensorArg& v,
                                    int64_t world_size);
 
-// Check 6: `out` is contiguous with the expected shape, device and dtype.
-void check_pack_qkv_out(const PackQkvShape& shape, const TensorArg& q, const TensorArg& out);
+// Checks 6 and 7: `out` is contiguous with the expected shape, device and
+// dtype, and shares no byte with q, k or v.
+void check_pack_qkv_out(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k, const TensorArg& v,
+                        const TensorArg& out);
 
 // The three copy jobs (q, k, v into their thirds of each output row).
 StridedCopyPlan plan_pack_qkv(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k,

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/errors.h"
+#include "core/overlap.h"
 
 namespace attnprep::core {
 namespace {
@@ -15,7 +16,7 @@ bool is_float_type(DType d) { return d == DType::Float16 || d == DType::BFloat16
 
 void check_rope_pool(const RopePoolArgs& a) {
   const TensorArg &q = a.q, &k = a.k, &v = a.v;
-  // The eleven documented checks, in order.
+  // Checks 1-11 of docs/contract.md: the original op's, in its order.
   require(q.ndim == 3 && k.ndim == 3 && v.ndim == 3, "rope_pool_fused expects q/k/v to be 3-D");
   require(a.positions.ndim == 1 && a.slots.ndim == 1, "rope_pool_fused expects positions/slots to be 1-D");
   require(a.k_pool.ndim == 3 && a.v_pool.ndim == 3, "rope_pool_fused expects pool tensors to be 3-D");
@@ -35,7 +36,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   require(q.dtype == k.dtype && q.dtype == v.dtype, "q/k/v dtypes must match");
   require(a.k_pool.dtype == q.dtype && a.v_pool.dtype == q.dtype, "pool dtypes must match q/k/v dtype");
 
-  // This library's own checks.
+  // Checks 12 on: this library's own.
   const TensorArg* all[] = {&q, &k, &v, &a.positions, &a.slots, &a.k_pool, &a.v_pool};
   for (const TensorArg* t : all) require(t->device == q.device, "rope_pool_fused expects all tensors on one device");
   if (a.has_cache) require(a.cos_sin_cache.device == q.device, "rope_pool_fused expects all tensors on one device");
@@ -64,6 +65,26 @@ void check_rope_pool(const RopePoolArgs& a) {
     require(c.stride(1) == 1, "cos_sin_cache must be contiguous in its last dimension");
   } else {
     require(std::isfinite(a.rope_base) && a.rope_base > 0, "rope_base must be a positive number");
+  }
+  if (a.num_qo_heads + a.num_kv_heads > kRopeMaxHeads)
+    throw ValueError("rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got " +
+                     std::to_string(a.num_qo_heads + a.num_kv_heads));
+  if (T > kRopeMaxTokens)
+    throw ValueError("rope_pool_fused supports fewer than 2^31 tokens, got " + std::to_string(T));
+
+  // What the kernel writes must not race with itself or with what it reads.
+  const TensorArg* reads[] = {&q, &k, &v, &a.positions, &a.slots, &a.cos_sin_cache};
+  const int nreads = a.has_cache ? 6 : 5;
+  require(!has_internal_overlap(a.k_pool) && !has_internal_overlap(a.v_pool) && !may_overlap(a.k_pool, a.v_pool),
+          "k_pool and v_pool must not overlap each other or themselves");
+  for (int i = 0; i < nreads; ++i)
+    require(!may_overlap(a.k_pool, *reads[i]) && !may_overlap(a.v_pool, *reads[i]),
+            "k_pool and v_pool must not overlap q, k, v, positions, slots or cos_sin_cache");
+  if (a.inplace) {
+    bool ok = !has_internal_overlap(q) && !has_internal_overlap(k) && !may_overlap(q, k);
+    for (int i = 2; i < nreads; ++i) ok = ok && !may_overlap(q, *reads[i]) && !may_overlap(k, *reads[i]);
+    require(ok, "with inplace=True, q and k must not overlap each other, themselves, v, positions, slots or "
+                "cos_sin_cache");
   }
 }
 
@@ -133,10 +154,10 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   const int64_t rot_items = a.is_neox ? half / p.width : a.rot() / (p.width == 1 ? 2 : p.width);
   p.qk_items_per_head = static_cast<ap_i32>(rot_items + (a.head_dim - a.rot()) / p.width);
   // Items of a v head: two groups half a head apart (the size of a NeoX q/k
-  // item), one group when the head has an odd number of groups. Pairs
-  // measured up to 3 points of copy bandwidth more at 2048-8192 tokens
-  // (bench/RESULTS.md, seventh session): 32/8 heads at head_dim 128 become
-  // 384 items per token, three whole rounds of 128 threads instead of 3.5.
+  // item), one group when the head has an odd number of groups, so that q, k
+  // and v items move the same bytes and rounds come out whole: 32/8 heads at
+  // head_dim 128 become 384 items per token, three whole rounds of 128
+  // threads instead of 3.5.
   const int64_t v_groups = a.head_dim / p.width;
   p.v_items_per_head = static_cast<ap_i32>(v_groups % 2 == 0 ? v_groups / 2 : v_groups);
   return p;

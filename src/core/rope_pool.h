@@ -1,4 +1,4 @@
-// rope_pool_fused (SPEC.md section 3): the checks with the documented
+// rope_pool_fused (docs/contract.md): the checks with the documented
 // messages, in order, and the launch parameters. One implementation for the
 // CUDA and the Metal backends.
 #pragma once
@@ -17,17 +17,28 @@ struct RopePoolArgs {
   TensorArg cos_sin_cache;      // [max_position, rotary_dim], float32 or bfloat16
   int64_t head_dim = 0, num_qo_heads = 0, num_kv_heads = 0;
   double rope_base = 10000.0;
-  int64_t rotary_dim = -1;      // -1: head_dim
+  bool has_rotary_dim = false;  // false: rotary_dim is head_dim
+  int64_t rotary_dim = 0;
   bool is_neox = true;
+  bool inplace = false;         // q_rot/k_rot are q/k themselves
 
-  int64_t rot() const { return rotary_dim < 0 ? head_dim : rotary_dim; }
+  int64_t rot() const { return has_rotary_dim ? rotary_dim : head_dim; }
+  void set_rotary_dim(int64_t r) {
+    has_rotary_dim = true;
+    rotary_dim = r;
+  }
 };
+
+// The kernels' index arithmetic is 32-bit within a token and the tokens go
+// on the grid's x dimension: these bounds are checked before any launch.
+constexpr int64_t kRopeMaxHeads = 65536;            // num_qo_heads + num_kv_heads
+constexpr int64_t kRopeMaxTokens = (int64_t{1} << 31) - 1;
 
 // All checks, in the documented order; throws ValueError.
 void check_rope_pool(const RopePoolArgs& a);
 
 // float32(1 / base^(2i / rotary_dim)) for i < rotary_dim / 2, computed in
-// double precision and rounded once, as SPEC.md defines it.
+// double precision and rounded once, as docs/contract.md defines it.
 std::vector<float> rope_inv_freq(double base, int64_t rotary_dim);
 
 // Kernel parameters for checked arguments and the outputs q_rot/k_rot (the
@@ -54,14 +65,29 @@ inline int64_t rope_items_per_token(const RopePoolParams& p) {
          static_cast<int64_t>(p.num_kv_heads) * p.v_items_per_head;
 }
 
+// The CUDA kernel's tuning, in one place (docs/performance-notes.md has the
+// measurements behind each value and the alternatives that lost).
+struct RopeCudaPolicy {
+  // Largest block. Blocks stay small so that many tokens are in flight per
+  // multiprocessor; with min_blocks_per_sm blocks resident the compiler keeps
+  // the kernel at or under 48 registers, with no spills.
+  static constexpr int32_t max_threads = 128;
+  static constexpr int32_t min_blocks_per_sm = 10;
+  // Below this many tokens a token is spread over several blocks, one round
+  // of items each, so a small call costs about one memory round trip.
+  static constexpr int64_t split_below = 1024;
+  // Where a block walks several rounds, a thread asks L2 for the item it will
+  // take this many rounds later, so that its next loads hit L2.
+  static constexpr int prefetch_rounds_ahead = 1;
+};
+
 // How the CUDA kernel is launched. A block serves one token (or a slice of
 // one) and walks its work items in rounds of one item per thread; the block
 // is the fewest whole warps, at most max_threads, that cover the items in the
 // fewest rounds, so no round leaves most of a block idle (448 items at 128:
 // 4 rounds of 112 -> 128 threads). Below split_below tokens each token is
-// spread over `splits` blocks, one round each, so a small call costs about
-// one memory round trip instead of several. (The kernel loops when a block's
-// slice is longer than one round, so any split count is correct.)
+// spread over `splits` blocks, one round each. (The kernel loops when a
+// block's slice is longer than one round, so any split count is correct.)
 // `several_rounds`: a block walks more than one round, so the kernel that
 // asks L2 for each thread's next item ahead is worth launching.
 struct RopeCudaLaunch {
@@ -69,8 +95,9 @@ struct RopeCudaLaunch {
   int64_t splits;
   bool several_rounds;
 };
-inline RopeCudaLaunch plan_rope_cuda_launch(int64_t items, int64_t num_tokens, int32_t max_threads,
-                                            int64_t split_below) {
+inline RopeCudaLaunch plan_rope_cuda_launch(int64_t items, int64_t num_tokens,
+                                            int32_t max_threads = RopeCudaPolicy::max_threads,
+                                            int64_t split_below = RopeCudaPolicy::split_below) {
   const int64_t rounds = items > max_threads ? (items + max_threads - 1) / max_threads : 1;
   const int64_t per_round = (items + rounds - 1) / rounds;
   int64_t threads = (per_round + 31) / 32 * 32;

@@ -65,4 +65,18 @@ StridedCopyPlan plan_strided_copy(const CopyJob* jobs, int njobs) {
   return plan;
 }
 
+CopyCudaLaunch plan_copy_cuda_launch(const StridedCopyPlan& plan) {
+  CopyCudaLaunch l;
+  if (plan.max_total == 0 || plan.njobs == 0) return l;
+  using P = CopyCudaPolicy;
+  l.small = plan.max_total * plan.njobs < P::small_below;
+  l.threads = l.small ? P::small_threads : P::large_threads;
+  l.vectors_per_thread = l.small ? 1 : P::large_vectors_per_thread;
+  const int64_t per_block = int64_t{l.threads} * l.vectors_per_thread;
+  const int64_t chunks = (plan.max_total + per_block - 1) / per_block;
+  l.grid_x = l.small ? chunks : chunks * plan.njobs;
+  l.grid_y = l.small ? plan.njobs : 1;
+  return l;
+}
+
 }  // namespace attnprep::core

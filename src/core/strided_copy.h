@@ -87,4 +87,34 @@ ATTNPREP_HD void copy_offsets(const CopyJobPlan& job, int64_t idx, int64_t vec_b
 // width. Jobs with no rows are kept (they copy nothing).
 StridedCopyPlan plan_strided_copy(const CopyJob* jobs, int njobs);
 
+// The CUDA copy kernel's tuning, in one place (docs/performance-notes.md has
+// the measurements behind each value and the alternatives that lost).
+struct CopyCudaPolicy {
+  // A large copy: blocks of 512 threads, each thread issuing the loads of 4
+  // vectors before their stores (two blocks per multiprocessor at the
+  // kernel's register count: enough bytes in flight without crowding DRAM).
+  static constexpr int32_t large_threads = 512;
+  static constexpr int32_t large_vectors_per_thread = 4;
+  // A small copy (fewer vectors than this in all jobs together): one vector
+  // per thread in blocks of 256, spread over every multiprocessor so that
+  // the call costs one memory round trip; 4 per thread would idle most of
+  // the GPU.
+  static constexpr int32_t small_threads = 256;
+  static constexpr int64_t small_below = int64_t{1} << 18;
+};
+
+// How the CUDA kernel is launched for a plan. A large copy's blocks
+// alternate between jobs along x (block b serves job b % njobs, chunk b /
+// njobs): the jobs of one op write interleaved parts of the same output rows,
+// and running them side by side keeps DRAM writes to whole rows. A small
+// copy's blocks, all resident at once, take their job from y, so that each
+// block's first parameter reads wait for no earlier one.
+struct CopyCudaLaunch {
+  bool small = false;
+  int32_t threads = 0;
+  int32_t vectors_per_thread = 0;
+  int64_t grid_x = 0, grid_y = 0;  // 0: nothing to launch
+};
+CopyCudaLaunch plan_copy_cuda_launch(const StridedCopyPlan& plan);
+
 }  // namespace attnprep::core

@@ -25,11 +25,12 @@ const char* dtype_name(DType dtype) {
 
 int64_t TensorArg::numel() const {
   int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  for (int d = 0; d < ndim; ++d) n *= size(d);
   return n;
 }
 
 bool TensorArg::is_contiguous() const {
+  if (ndim > kMaxDims) return false;
   for (int d = 0; d < ndim; ++d)
     if (shape[d] == 0) return true;
   int64_t expected = 1;
@@ -41,7 +42,7 @@ bool TensorArg::is_contiguous() const {
 }
 
 bool TensorArg::same_shape(const TensorArg& o) const {
-  if (ndim != o.ndim) return false;
+  if (ndim != o.ndim || ndim > kMaxDims) return false;
   for (int d = 0; d < ndim; ++d)
     if (shape[d] != o.shape[d]) return false;
   return true;
@@ -59,7 +60,7 @@ std::string shape_str(const TensorArg& t) {
   std::string s = "torch.Size([";
   for (int d = 0; d < t.ndim; ++d) {
     if (d) s += ", ";
-    s += std::to_string(t.shape[d]);
+    s += std::to_string(t.full_shape ? t.full_shape[d] : t.size(d));
   }
   return s + "])";
 }

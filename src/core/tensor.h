@@ -37,16 +37,30 @@ struct TensorArg {
   DType dtype = DType::Float32;
   int32_t itemsize = 4;            // bytes per element
   Device device{};
-  int32_t ndim = 0;
+  int32_t ndim = 0;                // may exceed kMaxDims: then only the checks' "wrong rank" path uses it
   int64_t shape[kMaxDims] = {};
   int64_t strides[kMaxDims] = {};  // in elements, as torch reports them
+  // Every dimension's size when ndim > kMaxDims (borrowed from the caller's
+  // tensor for the duration of the call), so messages can still print it.
+  const int64_t* full_shape = nullptr;
+  // False for tensors known by metadata alone (meta and fake tensors): no
+  // address, so the memory-overlap checks do not apply.
+  bool has_address = true;
 
-  int64_t size(int d) const { return shape[d < 0 ? d + ndim : d]; }
-  int64_t stride(int d) const { return strides[d < 0 ? d + ndim : d]; }
+  // Dimensions past kMaxDims read as 0: checks test ndim first, and a wrong
+  // rank must never index past the arrays.
+  int64_t size(int d) const { return at(shape, d); }
+  int64_t stride(int d) const { return at(strides, d); }
   int64_t numel() const;
   bool is_contiguous() const;       // torch's rule: size-1 dims may have any stride
   bool same_shape(const TensorArg& o) const;
   bool has_shape(std::initializer_list<int64_t> dims) const;
+
+ private:
+  int64_t at(const int64_t* a, int d) const {
+    const int i = d < 0 ? d + ndim : d;
+    return i >= 0 && i < ndim && i < kMaxDims ? a[i] : 0;
+  }
 };
 
 // Renders a shape as torch prints it: "torch.Size([4, 8, 64])".

@@ -1,5 +1,5 @@
 // usp_merge_heads: [W, S, B, h_local, D] -> [B, S, W, h_local, D], the output
-// side of Ulysses attention (SPEC.md section 2). Checks and copy plan.
+// side of Ulysses attention (docs/contract.md). Checks and copy plan.
 #pragma once
 
 #include "core/strided_copy.h"

@@ -1,5 +1,5 @@
 // Reference implementations of the layout ops, written straight from the
-// formulas in SPEC.md (one element at a time, no plan, no vectors), so that
+// formulas in docs/contract.md (one element at a time, no plan, no vectors), so that
 // they can judge the kernels and the plans. Host memory only.
 #pragma once
 

@@ -1,4 +1,4 @@
-// CPU reference of rope_pool_fused, straight from SPEC.md: correctly
+// CPU reference of rope_pool_fused, straight from docs/contract.md: correctly
 // rounded float32 inv_freq, float32 angle, then cos/sin and the rotation in
 // float64. The oracle of the C++ tests and of the Metal emulation.
 #pragma once

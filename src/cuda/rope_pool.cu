@@ -17,29 +17,8 @@
 namespace attnprep::cuda {
 namespace {
 
-// Largest block and the occupancy hint (10 blocks of 128: at most 48
-// registers, no spills), fixed by measurement (bench/RESULTS.md); overridable
-// at build time for tuning runs. The launch shape itself is planned in
-// core::plan_rope_cuda_launch (tested on the host).
-#ifndef ATTNPREP_ROPE_THREADS
-#define ATTNPREP_ROPE_THREADS 128
-#endif
-#ifndef ATTNPREP_ROPE_MIN_BLOCKS
-#define ATTNPREP_ROPE_MIN_BLOCKS 10
-#endif
-// Below this many tokens each token is split over several blocks.
-#ifndef ATTNPREP_ROPE_SPLIT_BELOW
-#define ATTNPREP_ROPE_SPLIT_BELOW 1024
-#endif
-// Where a block walks several rounds of items, a thread asks L2 for the item
-// it will take this many rounds later while it works on the current one, so
-// its next loads hit L2: 1 round ahead measured +2-3% of copy bandwidth from
-// 1024 tokens; 0 (none), 2 rounds ahead, and all later items at the start
-// measured slower (bench/RESULTS.md, 2026-11-29, fourth session).
-#ifndef ATTNPREP_ROPE_PREFETCH_AHEAD
-#define ATTNPREP_ROPE_PREFETCH_AHEAD 1
-#endif
-constexpr int kThreads = ATTNPREP_ROPE_THREADS;
+using Policy = core::RopeCudaPolicy;
+constexpr int kThreads = Policy::max_threads;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -233,7 +212,7 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // Block (t, s): token t, the s-th of gridDim.y slices of its work items.
 // kAhead: while on an item, ask L2 for the one kAhead rounds later.
 template <typename T, int W, int kAhead>
-__global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
+__global__ void __launch_bounds__(kThreads, Policy::min_blocks_per_sm)
     rope_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr) {
   __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
   const int64_t t = blockIdx.x;
@@ -242,27 +221,23 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
   // Parameter arithmetic only up to the wait: with PDL it overlaps the kernel
   // before this one, and it includes the first reads of the parameter bank
   // (cold at each launch) and the divisions that place the first item.
-  // 32-bit item arithmetic (the launcher refuses tokens of 2^30 items): the
-  // 64-bit divisions it replaced sat between the launch and the first load
-  // (graph replay at T=8: 2.64 -> 2.44 us, bench/RESULTS.md).
+  // Item arithmetic is 32-bit (core bounds the heads, the launcher the
+  // items): 64-bit divisions here sit between the launch and the first load.
   const int n_qk = (p.num_qo_heads + p.num_kv_heads) * p.qk_items_per_head;
   const int n_all = n_qk + p.num_kv_heads * p.v_items_per_head;
   const int per_block = (n_all + gridDim.y - 1) / gridDim.y;
   const int end = min(n_all, static_cast<int>(blockIdx.y) * per_block + per_block);
   // One item in flight per thread, its loads issued before the cos/sin table
-  // so they overlap that work and the round trip for the position. Holding
-  // two raised register use to 71 and lost a sixth of the bandwidth; staging
-  // all of a thread's items through shared memory with cp.async lost a
-  // quarter (bench/RESULTS.md, 2026-11-29).
+  // so they overlap that work and the round trip for the position. (Two
+  // items in flight need more registers than the occupancy target allows.)
   Item<T, W> it;
   int item = static_cast<int>(blockIdx.y) * per_block + threadIdx.x;
   if (item < end) it.locate(p, ptr, t, item, n_qk);
   const float first_inv_freq = !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
 
   wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
-  // Not at entry, as the copy engine does: scheduling the next call that
-  // early measured slower here from T=32 on (graph replay at T=128: 2.05 ->
-  // 2.88 us, bench/RESULTS.md, seventh session).
+  // Not at entry, as the copy engine does: the next call's blocks would then
+  // take multiprocessor slots this kernel's later tokens still need.
   let_next_kernel_start();
   const int64_t pos = read_index(ptr.positions, t, p.positions_int64);
   const int64_t slot = read_index(ptr.slots, t, p.slots_int64);
@@ -273,8 +248,8 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
   if (item < end) it.load();
 #pragma unroll
   for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W>(p, ptr, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
-  // One table per block: a copy per warp (no block barrier) measured slower,
-  // the extra cos/sin work costing more than the barrier (bench/RESULTS.md).
+  // One table per block, behind one barrier: a table per warp would repeat
+  // the cos/sin work, which costs more than the barrier.
   for (int i = threadIdx.x; i < half; i += blockDim.x)
     cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? first_inv_freq : p.inv_freq[i]);
   __syncthreads();
@@ -292,16 +267,15 @@ __global__ void __launch_bounds__(kThreads, ATTNPREP_ROPE_MIN_BLOCKS)
 template <typename T>
 cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaStream_t stream) {
   const core::RopeCudaLaunch shape =
-      core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens, kThreads, ATTNPREP_ROPE_SPLIT_BELOW);
+      core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(shape.splits));
   const dim3 block(shape.threads);
   if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, 0>, grid, block, stream, p, ptrs);
   constexpr int V = 16 / sizeof(T);
   // One round per block (small calls, split tokens): nothing to ask for
-  // ahead, and the instantiation without it is leaner (graph replay at
-  // T=1..128: 0.04 us faster).
+  // ahead, and the instantiation without the prefetch is leaner.
   if (shape.several_rounds)
-    return launch_kernel(rope_pool_kernel<T, V, ATTNPREP_ROPE_PREFETCH_AHEAD>, grid, block, stream, p, ptrs);
+    return launch_kernel(rope_pool_kernel<T, V, Policy::prefetch_rounds_ahead>, grid, block, stream, p, ptrs);
   return launch_kernel(rope_pool_kernel<T, V, 0>, grid, block, stream, p, ptrs);
 }
 

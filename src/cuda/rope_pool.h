@@ -1,4 +1,4 @@
-// CUDA launcher of the fused RoPE + KV-pool kernel (SPEC.md section 3).
+// CUDA launcher of the fused RoPE + KV-pool kernel (docs/contract.md).
 #pragma once
 
 #include <cuda_runtime_api.h>

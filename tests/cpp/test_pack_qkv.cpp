@@ -1,4 +1,4 @@
-// pack_qkv_destination_major: the six documented checks in order, with every
+// pack_qkv_destination_major: the seven documented checks in order, with every
 // case CI cannot build from real tensors (two CUDA devices, mixed dtypes on
 // CUDA), and the copy plan executed on the host against the CPU reference.
 #include <cstring>
@@ -26,7 +26,7 @@ void inputs(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t 
   check_pack_qkv_inputs(q, k, v, w);
 }
 void with_out(const TensorArg& q, const TensorArg& out, int64_t w) {
-  check_pack_qkv_out(check_pack_qkv_inputs(q, q, q, w), q, out);
+  check_pack_qkv_out(check_pack_qkv_inputs(q, q, q, w), q, q, q, out);
 }
 }  // namespace
 

@@ -83,9 +83,9 @@ TEST_CASE("library checks: one device, CUDA or MPS, dtype, dims, indices, stride
     CHECK_THROWS_MSG(ValueError, check_rope_pool(args(DType::BFloat16, cuda0, 4, 1, 1, 514)),
                      "rope_pool_fused expects an even head_dim in [2, 512], got 514");
   }
-  REJECTS(a.rotary_dim = 31, "rope_pool_fused expects an even rotary_dim in [2, head_dim], got 31");
-  REJECTS(a.rotary_dim = 0, "rope_pool_fused expects an even rotary_dim in [2, head_dim], got 0");
-  REJECTS(a.rotary_dim = 66, "rope_pool_fused expects an even rotary_dim in [2, head_dim], got 66");
+  REJECTS(a.set_rotary_dim(31), "rope_pool_fused expects an even rotary_dim in [2, head_dim], got 31");
+  REJECTS(a.set_rotary_dim(0), "rope_pool_fused expects an even rotary_dim in [2, head_dim], got 0");
+  REJECTS(a.set_rotary_dim(66), "rope_pool_fused expects an even rotary_dim in [2, head_dim], got 66");
   REJECTS(a.positions = make({4}, DType::Float32), "rope_pool_fused expects int32 or int64 positions/slots");
   REJECTS(a.slots = make({4}, DType::Int16), "rope_pool_fused expects int32 or int64 positions/slots");
   REJECTS(a.k = make({4, 2, 64}, DType::BFloat16, cuda0, {256, 128, 2}),
@@ -103,6 +103,43 @@ TEST_CASE("library checks: one device, CUDA or MPS, dtype, dims, indices, stride
   a.k_pool = make({16, 2, 64}, DType::BFloat16, cuda0, {3 * 128, 64, 1});
   a.q = make({4, 8, 64}, DType::BFloat16, cuda0, {12 * 64, 64, 1});
   check_rope_pool(a);
+}
+
+TEST_CASE("checks 23-27: kernel limits and memory overlap, after every earlier check") {
+  REJECTS(a.q = make({4, 70000, 64}, DType::BFloat16, cuda0, {0, 0, 1}); a.num_qo_heads = 70000,
+          "rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got 70002");
+  REJECTS(a.v_pool = a.k_pool, "k_pool and v_pool must not overlap each other or themselves");
+  REJECTS(a.k_pool = make({16, 2, 64}, DType::BFloat16, cuda0, {0, 64, 1}),
+          "k_pool and v_pool must not overlap each other or themselves");
+  REJECTS(a.v_pool.data = static_cast<unsigned char*>(a.k_pool.data) + 2 * 64,
+          "k_pool and v_pool must not overlap each other or themselves");
+  const char* vs_inputs = "k_pool and v_pool must not overlap q, k, v, positions, slots or cos_sin_cache";
+  REJECTS(a.k_pool.data = a.q.data, vs_inputs);
+  REJECTS(a.v_pool.data = a.slots.data, vs_inputs);
+  REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 64}, DType::Float32); a.k_pool.data = a.cos_sin_cache.data,
+          vs_inputs);
+  const char* inplace = "with inplace=True, q and k must not overlap each other, themselves, v, positions, slots or "
+                        "cos_sin_cache";
+  REJECTS(a.inplace = true; a.k.data = a.q.data, inplace);
+  REJECTS(a.inplace = true; a.q = make({4, 8, 64}, DType::BFloat16, cuda0, {0, 64, 1}), inplace);
+  REJECTS(a.inplace = true; a.v.data = a.k.data, inplace);
+  // reading one tensor twice, or q and k together without inplace, is fine
+  RopePoolArgs ok = args();
+  ok.v = ok.k;
+  check_rope_pool(ok);
+  // the k and v halves of one combined cache, q/k/v slices of one projection in place
+  RopePoolArgs fused = args();
+  fused.inplace = true;
+  fused.q = make({4, 8, 64}, DType::BFloat16, cuda0, {12 * 64, 64, 1});
+  fused.k = fused.q;
+  fused.k.shape[1] = 2;
+  fused.k.data = static_cast<unsigned char*>(fused.q.data) + 2 * 8 * 64;
+  fused.v = fused.k;
+  fused.v.data = static_cast<unsigned char*>(fused.k.data) + 2 * 2 * 64;
+  fused.k_pool = make({16, 2, 64}, DType::BFloat16, cuda0, {2 * 128, 64, 1});
+  fused.v_pool = fused.k_pool;
+  fused.v_pool.data = static_cast<unsigned char*>(fused.k_pool.data) + 2 * 128;
+  check_rope_pool(fused);
 }
 
 TEST_CASE("inv_freq is 1 / base^(2i/rot) rounded once to float32") {
@@ -124,7 +161,7 @@ TEST_CASE("params: 16-byte groups when everything allows, one element otherwise"
   odd.is_neox = false;  // GPT-J: 9 groups of 8, one per item
   CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).width, 8);
   CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).v_items_per_head, 9);
-  a.rotary_dim = 24;  // half 12: not a multiple of 8
+  a.set_rotary_dim(24);  // half 12: not a multiple of 8
   CHECK_EQ(make_rope_pool_params(a, a.q, a.k).width, 1);
   CHECK_EQ(make_rope_pool_params(a, a.q, a.k).qk_items_per_head, 12 + 40);
   a.is_neox = false;  // GPT-J: 24 elements = 3 groups of 8
@@ -224,7 +261,7 @@ TEST_CASE("reference: closed-form rotations") {
 
   // GPT-J pairs (0, 1) and (2, 3); partial rotary 2 leaves dims 2, 3 alone
   a.is_neox = false;
-  a.rotary_dim = 2;
+  a.set_rotary_dim(2);
   r = attnprep::cpu::rope_pool_reference(a);
   CHECK(std::fabs(r.q_rot[4] - (1 * std::cos(a0) - 2 * std::sin(a0))) < 1e-15);
   CHECK(std::fabs(r.q_rot[5] - (2 * std::cos(a0) + 1 * std::sin(a0))) < 1e-15);

@@ -128,7 +128,7 @@ void run_case(const Case& c, uint32_t seed) {
   a.head_dim = c.D;
   a.num_qo_heads = c.hq;
   a.num_kv_heads = c.hkv;
-  a.rotary_dim = c.rot;
+  if (c.rot >= 0) a.set_rotary_dim(c.rot);
   a.is_neox = c.neox;
   a.rope_base = 10000.0;
   // positions int64, slots int32: some negative, some past the pool
@@ -318,7 +318,7 @@ TEST_CASE("the dispatcher's parameter block: strides, flags, table") {
   a.positions = test::make({4}, DType::Int32, mps);
   a.slots = test::make({4}, DType::Int64, mps);
   a.k_pool = test::make({9, 2, 64}, DType::Float16, mps, {3 * 128, 64, 1});
-  a.v_pool = a.k_pool;
+  a.v_pool = test::make({9, 2, 64}, DType::Float16, mps, {2 * 128, 64, 1});
   a.head_dim = 64;
   a.num_qo_heads = 8;
   a.num_kv_heads = 2;
@@ -329,6 +329,7 @@ TEST_CASE("the dispatcher's parameter block: strides, flags, table") {
   CHECK_EQ(d.threadgroups, int64_t{4});
   CHECK_EQ(d.params.q_stride_token, int64_t{12 * 64});
   CHECK_EQ(d.params.kp_stride_slot, int64_t{3 * 128});
+  CHECK_EQ(d.params.vp_stride_slot, int64_t{2 * 128});
   CHECK_EQ(d.params.pool_size, int64_t{9});
   CHECK_EQ(d.params.positions_int64, 0);
   CHECK_EQ(d.params.slots_int64, 1);

@@ -1,10 +1,12 @@
-"""torch.compile(fullgraph=True) traces every op through its torch.library
-registration and fake implementation, on any machine: with CPU tensors the
-graph is built (no graph break) and the real op then raises the documented
-ValueError from inside the compiled code."""
+"""torch.compile(fullgraph=True) and FakeTensor tracing of every op, on any
+machine. The fake kernels run the same C++ checks as the real ones on the
+tensors' metadata, so a bad call fails while tracing with the documented
+ValueError (dynamo wraps it; it is the root cause) and never with a shape
+error; a good one traces with no graph break. Fake CUDA tensors need no GPU."""
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import attnprep
 
@@ -14,13 +16,30 @@ def compiled(fn):
     return torch.compile(fn, fullgraph=True, backend="aot_eager")
 
 
-def expect(msg, fn, *args):
-    with pytest.raises(ValueError) as e:
-        fn(*args)
-    assert str(e.value) == msg
+def root_cause(e: BaseException) -> BaseException:
+    """The exception at the end of the chain (dynamo re-raises what a fake kernel raised)."""
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    return e
 
 
-def test_pack_qkv_traces():
+def expect(exc, msg, fn, *args, **kwargs):
+    with pytest.raises(Exception) as e:
+        fn(*args, **kwargs)
+    cause = root_cause(e.value)
+    assert type(cause) is exc and str(cause) == msg, repr(e.value)
+
+
+ROPE_KW = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4)
+
+
+def rope_args(device="cpu", T=4):
+    return (torch.randn(T, 8, 64, device=device), torch.randn(T, 2, 64, device=device),
+            torch.randn(T, 2, 64, device=device), torch.arange(T, device=device), torch.arange(T, device=device),
+            torch.zeros(16, 2, 64, device=device), torch.zeros(16, 2, 64, device=device))
+
+
+def test_pack_qkv_traces_to_the_documented_error():
     def f(q, k, v):
         return attnprep.pack_qkv_destination_major(q * 2, k, v, 2) + 1
 
@@ -29,36 +48,67 @@ def test_pack_qkv_traces():
         return out * 2
 
     q = torch.randn(5, 4, 8)
-    expect("q, k, and v must be CUDA tensors", compiled(f), q, q, q)
-    expect("q, k, and v must be CUDA tensors", compiled(f_out), q, q, q, torch.empty(2, 5, 2, 24))
+    expect(ValueError, "q, k, and v must be CUDA tensors", compiled(f), q, q, q)
+    expect(ValueError, "q, k, and v must be CUDA tensors", compiled(f_out), q, q, q, torch.empty(2, 5, 2, 24))
+    expect(ValueError, "q, k, and v must have the same 3D shape", compiled(f), q[0], q[0], q[0])
 
 
-def test_usp_merge_heads_traces():
-    expect("usp_merge_heads expects a CUDA tensor", compiled(lambda x: attnprep.usp_merge_heads(x + 1)),
+def test_usp_merge_heads_traces_to_the_documented_error():
+    expect(ValueError, "usp_merge_heads expects a CUDA tensor", compiled(lambda x: attnprep.usp_merge_heads(x + 1)),
            torch.randn(2, 3, 1, 4, 8))
 
 
 @pytest.mark.parametrize("inplace", [False, True])
-def test_rope_pool_traces(inplace):
+@pytest.mark.parametrize("check_slots", [False, True])
+def test_rope_pool_traces_with_and_without_check_slots(inplace, check_slots):
+    """check_slots is part of the op (its host check runs inside the real
+    kernel), so it traces with fullgraph=True like any other argument."""
     def f(q, k, v, positions, slots, k_pool, v_pool):
-        out = attnprep.rope_pool_fused(q * 1, k * 1, v, positions, slots, k_pool, v_pool, head_dim=64,
-                                       num_qo_heads=8, num_kv_heads=2, rope_base=1e4, inplace=inplace)
+        out = attnprep.rope_pool_fused(q * 1, k * 1, v, positions, slots, k_pool, v_pool, inplace=inplace,
+                                       check_slots=check_slots, **ROPE_KW)
         return out[0] + 1, out[1].sum()
 
-    args = (torch.randn(4, 8, 64), torch.randn(4, 2, 64), torch.randn(4, 2, 64), torch.arange(4), torch.arange(4),
-            torch.zeros(16, 2, 64), torch.zeros(16, 2, 64))
-    expect("rope_pool_fused expects CUDA or MPS tensors", compiled(f), *args)
+    expect(ValueError, "rope_pool_fused expects CUDA or MPS tensors", compiled(f), *rope_args())
 
 
-def test_fake_shapes():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
+def test_fake_kernels_give_shapes():
     with FakeTensorMode():
-        q = torch.empty(5, 4, 8)
+        q = torch.empty(5, 4, 8, device="cuda")
         assert attnprep.pack_qkv_destination_major(q, q, q, 2).shape == (2, 5, 2, 24)
-        assert attnprep.usp_merge_heads(torch.empty(2, 3, 1, 4, 8)).shape == (1, 3, 2, 4, 8)
-        out = attnprep.rope_pool_fused(torch.empty(4, 8, 64), torch.empty(4, 2, 64), torch.empty(4, 2, 64),
-                                       torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long),
-                                       torch.empty(16, 2, 64), torch.empty(16, 2, 64), head_dim=64, num_qo_heads=8,
-                                       num_kv_heads=2, rope_base=1e4)
-        assert out[0].shape == (4, 8, 64) and out[1].shape == (4, 2, 64)
+        out = torch.empty(2, 5, 2, 24, device="cuda")
+        assert attnprep.pack_qkv_destination_major(q, q, q, 2, out=out) is out
+        assert attnprep.usp_merge_heads(torch.empty(2, 3, 1, 4, 8, device="cuda")).shape == (1, 3, 2, 4, 8)
+        q_rot, k_rot, _, _ = attnprep.rope_pool_fused(*rope_args("cuda"), **ROPE_KW)
+        assert q_rot.shape == (4, 8, 64) and k_rot.shape == (4, 2, 64)
+        # check_slots needs the data, which fake tensors lack: the fake kernel skips it
+        attnprep.rope_pool_fused(*rope_args("cuda"), check_slots=True, **ROPE_KW)
+
+
+def test_fake_kernels_run_the_documented_checks():
+    """What used to surface as 'negative dimension' or 'not enough values to unpack'."""
+    with FakeTensorMode():
+        q = torch.empty(5, 4, 8, device="cuda")
+        flat = torch.empty(5, 32, device="cuda")
+        for w in (-1, 0, 3):
+            expect(ValueError, "world_size must be positive and divide global_heads",
+                   attnprep.pack_qkv_destination_major, q, q, q, w)
+        expect(ValueError, "q, k, and v must have the same 3D shape", attnprep.pack_qkv_destination_major,
+               flat, flat, flat, 2)
+        expect(ValueError, "out must be a contiguous tensor with the expected shape, device, and dtype",
+               attnprep.pack_qkv_destination_major, q, q, q, 2, out=torch.empty(2, 5, 2, 25, device="cuda"))
+        expect(ValueError, "usp_merge_heads expects x to be 5-D [W, S, B, h_local, D], got torch.Size([5, 4, 8])",
+               attnprep.usp_merge_heads, q)
+        args = rope_args("cuda")
+        expect(ValueError, "q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])",
+               attnprep.rope_pool_fused, *args, **dict(ROPE_KW, num_qo_heads=4))
+        expect(ValueError, "rope_pool_fused expects an even rotary_dim in [2, head_dim], got -2",
+               attnprep.rope_pool_fused, *args, rotary_dim=-2, **ROPE_KW)
+
+
+def test_meta_tensors_get_the_device_message():
+    m = torch.empty(4, 8, 16, device="meta")
+    expect(ValueError, "q, k, and v must be CUDA tensors", attnprep.pack_qkv_destination_major, m, m, m, 2)
+    expect(ValueError, "usp_merge_heads expects a CUDA tensor", attnprep.usp_merge_heads,
+           torch.empty(2, 3, 1, 4, 8, device="meta"))
+    expect(ValueError, "rope_pool_fused expects CUDA or MPS tensors", attnprep.rope_pool_fused,
+           *rope_args("meta"), **ROPE_KW)

@@ -1,4 +1,4 @@
-"""pack_qkv_destination_major against a plain-torch reference (SPEC.md section 1)."""
+"""pack_qkv_destination_major against the plain-torch reference of attnprep.testing (docs/contract.md)."""
 
 import os
 import subprocess
@@ -9,14 +9,11 @@ import torch
 
 import attnprep
 from attnprep import pack_qkv_destination_major as pack
+from attnprep.testing import pack_reference
 from conftest import poison_like, requires_cuda, requires_two_gpus, same_bits
 
 
-def reference(q, k, v, world_size):
-    rows, heads, dim = q.shape
-    local = heads // world_size
-    parts = [t.reshape(rows, world_size, local, 1, dim) for t in (q, k, v)]
-    return torch.cat(parts, dim=3).permute(1, 0, 2, 3, 4).reshape(world_size, rows, local, 3 * dim).contiguous()
+reference = pack_reference
 
 
 def random_tensor(shape, dtype, device):
@@ -42,6 +39,7 @@ MSG_SAME = "q, k, and v must have the same device and dtype"
 MSG_UNIT = "q, k, and v must be contiguous in head_size"
 MSG_WORLD = "world_size must be positive and divide global_heads"
 MSG_OUT = "out must be a contiguous tensor with the expected shape, device, and dtype"
+MSG_OVERLAP = "out must not overlap q, k, or v"
 
 
 def raises(msg, *args, **kwargs):
@@ -80,8 +78,30 @@ def test_messages_through_the_fallback_import_path():
 
 def test_non_tensor_argument_is_a_type_error():
     q = torch.randn(4, 8, 16)
-    with pytest.raises(TypeError):
-        pack([1, 2], q, q, 2)
+    for i, name in enumerate(("q", "k", "v")):
+        for bad in ([1, 2], None, 3.0):
+            args = [q, q, q]
+            args[i] = bad
+            with pytest.raises(TypeError) as e:
+                pack(*args, 2)
+            assert str(e.value) == f"{name} must be a torch.Tensor, got {type(bad).__name__}"
+
+
+@pytest.mark.parametrize("world_size, kind", [(None, "NoneType"), ("2", "str"), (2.0, "float"), (True, "bool")])
+def test_world_size_of_the_wrong_type(world_size, kind):
+    q = torch.randn(4, 8, 16)
+    with pytest.raises(TypeError) as e:
+        pack(q, q, q, world_size)
+    assert str(e.value) == f"pack_qkv_destination_major: world_size must be an int, got {kind}"
+
+
+def test_world_size_past_int64_and_many_dimensions():
+    q = torch.randn(4, 8, 16)
+    raises(MSG_WORLD, q, q, q, 2**63)
+    raises(MSG_WORLD, q, q, q, -2**70)
+    nine = torch.empty([1] * 9)
+    raises(MSG_SHAPE, nine, nine, nine, 2)
+    raises(MSG_SHAPE, q, q, torch.empty([1] * 12), 2)
 
 
 @requires_cuda
@@ -98,12 +118,23 @@ def test_messages_on_cuda():
         raises(MSG_WORLD, q, k, v, w)
     good = torch.empty(2, 4, 4, 48, device="cuda", dtype=torch.bfloat16)
     assert pack(q, k, v, 2, out=good) is good
+    with pytest.raises(TypeError) as e:
+        pack(q, k, v, 2, out=[1])
+    assert str(e.value) == "out must be a torch.Tensor, got list"
     raises(MSG_OUT, q, k, v, 2, out=torch.empty(2, 4, 4, 47, device="cuda", dtype=torch.bfloat16))
     raises(MSG_OUT, q, k, v, 2, out=good.half())
     raises(MSG_OUT, q, k, v, 2, out=good.cpu())
     raises(MSG_OUT, q, k, v, 2, out=torch.empty(2, 4, 4, 96, device="cuda", dtype=torch.bfloat16)[..., ::2])
     raises(MSG_OUT, q, k, v, 2, out=good.view(4, 2, 4, 48).transpose(0, 1))
     raises(MSG_OUT, q, k, v, 1, out=good)
+    # out sharing memory with an input: refused before anything is written
+    qkv = torch.randn(4, 3 * 8 * 16, device="cuda", dtype=torch.bfloat16)
+    a, b, c = (t.view(4, 8, 16) for t in qkv.split(8 * 16, dim=1))
+    before = qkv.clone()
+    raises(MSG_OVERLAP, a, b, c, 2, out=qkv.view(2, 4, 4, 48))
+    raises(MSG_OVERLAP, a, b, c, 2, out=torch.cat([qkv, qkv]).view(-1)[100:100 + 2 * 4 * 4 * 48].view(2, 4, 4, 48))
+    torch.cuda.synchronize()
+    assert same_bits(qkv, before)
 
 
 # ---------------------------------------------------------------- correctness
@@ -147,6 +178,17 @@ def test_misaligned_views(offset):
     out = out_base[offset:].view(2, 65, 4, 120)
     pack(q, k, v, 2, out=out)
     assert same_bits(out, reference(q, k, v, 2))
+
+
+@requires_cuda
+def test_negative_view_is_copied_as_its_values_or_refused():
+    q, k, v = make_inputs(5, 8, 64, torch.float32, "contiguous")
+    neg = q._neg_view()
+    try:
+        got = pack(neg, k, v, 2)
+    except RuntimeError:
+        return  # torch refuses to export it: acceptable, nothing was copied
+    assert same_bits(got, reference(-q, k, v, 2))
 
 
 @requires_cuda

@@ -1,4 +1,4 @@
-"""rope_pool_fused against a float64 reference (SPEC.md section 3).
+"""rope_pool_fused against the float64 reference of attnprep.testing (docs/contract.md).
 
 Runs on every GPU backend present: CUDA, and MPS on a Mac (skipped elsewhere).
 """
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attnprep import rope_pool_fused
+from attnprep.testing import cos_sin, rope_error_ratio, rope_reference
 from conftest import poison_like, same_bits
 
 DEVICES = [d for d, ok in (("cuda", torch.cuda.is_available()),
@@ -20,77 +21,12 @@ requires_gpu = pytest.mark.skipif(not DEVICES, reason="needs a CUDA or MPS devic
 on_devices = pytest.mark.parametrize("device", DEVICES or ["none"])
 
 # ---------------------------------------------------------------- reference
-
-
-def inv_freq(base, rot):
-    """float32(1 / base^(2i / rot)), computed in double and rounded once (SPEC.md)."""
-    i = torch.arange(rot // 2, dtype=torch.float64)
-    return (1.0 / base ** (2 * i / rot)).to(torch.float32)
-
-
-def cos_sin(positions, rot, base=None, cache=None):
-    """(cos, sin) [T, rot/2] in float64: from the float32 angle, or the table's values exactly."""
-    if cache is not None:
-        rows = cache.cpu()[positions.long().cpu()].double()
-        return rows[:, : rot // 2], rows[:, rot // 2:]
-    angle = positions.cpu().to(torch.float32)[:, None] * inv_freq(base, rot)[None, :]  # float32 product
-    return torch.cos(angle.double()), torch.sin(angle.double())
-
-
-def rope_reference(x, cos, sin, rot, is_neox):
-    """x [T, H, D] -> float64 rotated copy; elements past rot pass through."""
-    x = x.detach().cpu().double()
-    out = x.clone()
-    c, s = cos[:, None, :], sin[:, None, :]
-    if is_neox:
-        a, b = x[..., : rot // 2], x[..., rot // 2: rot]
-        out[..., : rot // 2] = a * c - b * s
-        out[..., rot // 2: rot] = b * c + a * s
-    else:
-        a, b = x[..., 0:rot:2], x[..., 1:rot:2]
-        out[..., 0:rot:2] = a * c - b * s
-        out[..., 1:rot:2] = b * c + a * s
-    return out
-
-
-MANTISSA = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
+# attnprep.testing holds the float64 reference and the documented tolerance.
 
 
 def assert_close_to_reference(got, want, x, rot, is_neox):
-    """Tolerance, and why.
-
-    fp16/bf16: the kernel computes in float32 and rounds once, so the result is
-    the reference rounded to the nearest or to its neighbour: at most 1 ulp of
-    the output dtype at |reference|. Under cancellation (|result| much smaller
-    than the inputs) the float32 arithmetic error, a few float32 ulp of
-    |x1| + |x2|, can exceed that ulp, so it is added to the bound.
-    float32: a few float32 ulp of the row's largest magnitude (cos/sin are
-    accurate to 2 ulp, each product and sum adds half an ulp).
-    NaN never passes.
-    """
-    got = got.detach().cpu().double()
-    assert not torch.isnan(got).any()
-    dtype = x.dtype
-    partner = x.detach().cpu().double().abs()
-    if is_neox:
-        h = rot // 2
-        partner[..., :h] += x.detach().cpu().double()[..., h:rot].abs()
-        partner[..., h:rot] += x.detach().cpu().double()[..., :h].abs()
-    else:
-        p = partner[..., :rot].clone()
-        partner[..., 0:rot:2] += p[..., 1:rot:2]
-        partner[..., 1:rot:2] += p[..., 0:rot:2]
-    f32_err = 8 * 2.0 ** -24 * partner
-    if dtype == torch.float32:
-        row_max = want.abs().amax(dim=-1, keepdim=True)
-        bound = 8 * 2.0 ** -24 * torch.maximum(row_max, partner)
-    else:
-        tiny = torch.finfo(dtype).tiny
-        e = torch.floor(torch.log2(want.abs().clamp(min=tiny)))
-        bound = torch.exp2(e - MANTISSA[dtype]) + f32_err
-    err = (got - want).abs()
-    worst = (err / bound).max().item() if err.numel() else 0.0
-    assert worst <= 1.0, f"error {worst:.3g}x the bound"
+    ratio = rope_error_ratio(got, want, x, rot, is_neox)
+    assert ratio <= 1.0, f"error {ratio:.3g}x the bound"
 
 
 # ---------------------------------------------------------------- inputs
@@ -188,6 +124,30 @@ def test_documented_messages_in_order():
     raises("pool dtypes must match q/k/v dtype", v_pool=torch.zeros(16, 2, 64).half())
 
 
+def test_arguments_of_the_wrong_type_are_type_errors():
+    a, kw = cpu_args()
+    for name in ("q", "k", "v", "positions", "slots", "k_pool", "v_pool"):
+        for bad in (None, [1, 2]):
+            args = dict(a, **{name: bad})
+            with pytest.raises(TypeError) as e:
+                rope_pool_fused(*args.values(), **kw)
+            assert str(e.value) == f"{name} must be a torch.Tensor, got {type(bad).__name__}"
+    for name, bad, kind in [("head_dim", "64", "an int"), ("num_qo_heads", 8.0, "an int"),
+                            ("num_kv_heads", None, "an int"), ("rotary_dim", 2.5, "an int"),
+                            ("rope_base", "1e4", "a number"), ("is_neox", 1, "a bool"), ("inplace", None, "a bool")]:
+        with pytest.raises(TypeError) as e:
+            rope_pool_fused(*a.values(), **dict(kw, **{name: bad}))
+        assert str(e.value) == f"rope_pool_fused: {name} must be {kind}, got {type(bad).__name__}"
+    with pytest.raises(TypeError) as e:
+        rope_pool_fused(*a.values(), **dict(kw, cos_sin_cache="table"))
+    assert str(e.value) == "cos_sin_cache must be a torch.Tensor, got str"
+
+
+def test_huge_ints_get_the_shape_message():
+    raises("q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])", num_qo_heads=2**64)
+    raises("q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])", head_dim=-2**70)
+
+
 def test_library_checks_reachable_on_cpu():
     raises("rope_pool_fused expects CUDA or MPS tensors")
     h = lambda *s: torch.randn(*s).half()  # noqa: E731
@@ -238,6 +198,61 @@ def test_library_checks(device):
         cos_sin_cache=torch.zeros(8, 64, device=device, dtype=torch.float16))
     bad("rope_base must be a positive number", rope_base=0.0)
     bad("rope_base must be a positive number", rope_base=float("nan"))
+    bad("rope_pool_fused expects an even rotary_dim in [2, head_dim], got -2", rotary_dim=-2)
+
+
+POOLS_OVERLAP = "k_pool and v_pool must not overlap each other or themselves"
+POOLS_VS_INPUTS = "k_pool and v_pool must not overlap q, k, v, positions, slots or cos_sin_cache"
+INPLACE_OVERLAP = ("with inplace=True, q and k must not overlap each other, themselves, v, positions, slots or "
+                   "cos_sin_cache")
+
+
+@requires_gpu
+@on_devices
+def test_overlapping_writes_are_refused_and_nothing_is_written(device):
+    T = 5
+    q, k, v = torch.randn(T, 8, 64, device=device), torch.randn(T, 2, 64, device=device), torch.randn(T, 2, 64, device=device)
+    positions, slots = torch.arange(T, device=device), torch.arange(T, device=device)
+    buf = torch.randn(16, 2, 2, 64, device=device)  # one combined [slots, 2, heads, D] cache
+    k_pool, v_pool = buf[:, 0], buf[:, 1]
+    kw = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4)
+
+    def refused(msg, *args, **over):
+        before = [t.clone() for t in (q, k, v, buf)]
+        with pytest.raises(ValueError) as e:
+            rope_pool_fused(*args, **dict(kw, **over))
+        assert str(e.value) == msg
+        torch.cuda.synchronize() if device == "cuda" else None
+        assert all(same_bits(a, b) for a, b in zip(before, (q, k, v, buf)))  # nothing launched
+
+    refused(POOLS_OVERLAP, q, k, v, positions, slots, k_pool, k_pool)
+    refused(POOLS_OVERLAP, q, k, v, positions, slots, buf.view(32, 2, 64)[1:17], buf.view(32, 2, 64)[16:])
+    refused(POOLS_OVERLAP, q, k, v, positions, slots, k_pool[:1].expand(16, 2, 64), v_pool)
+    refused(POOLS_VS_INPUTS, k_pool[:T], k_pool[:T], v, positions, slots, k_pool, v_pool, num_qo_heads=2)
+    refused(POOLS_VS_INPUTS, q, k, v_pool[:T], positions, slots, k_pool, v_pool)
+    qk = torch.randn(T, 10, 64, device=device)
+    refused(INPLACE_OVERLAP, qk[:, :8], qk[:, 7:9], v, positions, slots, k_pool, v_pool, inplace=True)
+    refused(INPLACE_OVERLAP, q[:1].expand(T, 8, 64), k, v, positions, slots, k_pool, v_pool, inplace=True)
+    # what servers pass is accepted: k and v halves of one cache, q and k slices of one projection in place
+    qkv = torch.randn(T, 12 * 64, device=device)
+    qs, ks, vs = (t.view(T, -1, 64) for t in qkv.split([8 * 64, 2 * 64, 2 * 64], dim=1))
+    want_q = rope_pool_fused(qs.clone(), ks.clone(), vs, positions, slots, k_pool.clone(), v_pool.clone(), **kw)[0]
+    got = rope_pool_fused(qs, ks, vs, positions, slots, k_pool, v_pool, inplace=True, **kw)
+    assert got[0] is qs and same_bits(qs, want_q)
+    assert same_bits(buf[:T, 1], vs)
+
+
+@requires_gpu
+@on_devices
+def test_head_counts_past_the_kernel_limit_are_refused(device):
+    T = 3
+    q = torch.randn(1, 1, 64, device=device).expand(T, 2**31, 64)  # stride 0: no memory
+    k = torch.randn(T, 1, 64, device=device)
+    a = (q, k, k.clone(), torch.arange(T, device=device), torch.arange(T, device=device),
+         torch.zeros(4, 1, 64, device=device), torch.zeros(4, 1, 64, device=device))
+    with pytest.raises(ValueError) as e:
+        rope_pool_fused(*a, head_dim=64, num_qo_heads=2**31, num_kv_heads=1, rope_base=1e4)
+    assert str(e.value) == "rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got 2147483649"
 
 
 # ---------------------------------------------------------------- correctness

@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from attnprep import ulysses
+from attnprep.testing import pack_gqa_reference
 from conftest import requires_cuda, same_bits
 
 
@@ -136,6 +137,75 @@ def test_nccl_layer_equals_full_attention(world):
     run_ranks(world, "nccl", (torch.float64, torch.bfloat16))
 
 
+def _bad_input_worker(rank, world, port, results, case):
+    """Every rank must raise the same error (or none): a hang or a crash fails the test."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        heads, kv, dim, dtype, grad = 4 * world, world, 8, torch.float64, False
+        if case == "heads" and rank == world - 1:
+            heads = 8 * world
+        if case == "head_dim" and rank == 1:
+            dim = 16
+        if case == "dtype" and rank == 1:
+            dtype = torch.float32
+        if case == "local" and rank == 1:
+            heads = 4 * world + 1  # does not divide the world size
+        if case == "not a tensor" and rank == 0:
+            heads = None
+        if case == "grad" and rank == 0:
+            grad = True
+        q = None if heads is None else torch.randn(3, heads, dim, dtype=dtype, requires_grad=grad)
+        k, v = (torch.randn(3, kv, dim, dtype=dtype) for _ in range(2))
+        try:
+            ulysses.ulysses_attention(q, k, v)
+            results.put((rank, "no error"))
+        except (ValueError, TypeError) as e:
+            results.put((rank, type(e).__name__, str(e)))
+    finally:
+        dist.destroy_process_group()
+
+
+BAD_INPUTS = {
+    "heads": ("ValueError", "ulysses: every rank must pass the same q heads, got {}"),
+    "head_dim": ("ValueError", "ulysses: every rank must pass the same head_dim, got {}"),
+    "dtype": ("ValueError", "ulysses: every rank must pass the same dtype, got {}"),
+    "local": ("ValueError", "ulysses: rank 1: ulysses: world_size must divide the number of q heads"),
+    "not a tensor": ("TypeError", "ulysses: rank 0: q must be a torch.Tensor, got NoneType"),
+    "grad": ("ValueError", "ulysses: rank 0: " + ulysses.INFERENCE_ONLY),
+}
+
+
+def _field_values(case, world):
+    if case == "heads":
+        return [4 * world] * (world - 1) + [8 * world]
+    if case == "head_dim":
+        return [8 if r != 1 else 16 for r in range(world)]
+    return ["torch.float64" if r != 1 else "torch.float32" for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_ranks_that_disagree_all_raise_the_same_error(world, case):
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_bad_input_worker, args=(r, world, port, results, case)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(results.get(timeout=120) for _ in range(world))  # a hang fails here, in 2 minutes at most
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    kind, msg = BAD_INPUTS[case]
+    if "{}" in msg:
+        msg = msg.format("[" + ", ".join(str(x) for x in _field_values(case, world)) + "]")
+    assert got == [(r, kind, msg) for r in range(world)], got
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+
+
 def test_geometry_errors():
     q = torch.randn(4, 6, 8)
     for k, msg in [(torch.randn(4, 4, 8), "ulysses: kv_heads must divide the q heads, and divide or be a multiple "
@@ -159,9 +229,15 @@ def test_gqa_pack_kernel_matches_torch(heads, kv, world, rows):
     qkv = torch.randn(rows, (heads + 2 * kv) * 128, device="cuda", dtype=torch.bfloat16)
     q, k, v = qkv.split([heads * 128, kv * 128, kv * 128], dim=1)
     q, k, v = q.view(rows, heads, 128), k.view(rows, kv, 128), v.view(rows, kv, 128)
-    got = _C._pack_qkv_gqa(q, k, v, world)
-    want = ulysses._pack_torch(q, k, v, world)
-    assert same_bits(got, want)
+    want = pack_gqa_reference(q, k, v, world)
+    assert same_bits(_C._pack_qkv_gqa(q, k, v, world), want)
+    assert same_bits(ulysses._pack_torch(q, k, v, world), want)  # the layer's CPU path
+
+
+@pytest.mark.parametrize("heads,kv,world", [(8, 4, 2), (8, 8, 4), (12, 2, 4), (12, 1, 3), (8, 2, 8)])
+def test_cpu_pack_matches_reference(heads, kv, world):
+    q, k, v = torch.randn(5, heads, 16), torch.randn(5, kv, 16), torch.randn(5, kv, 16)
+    assert same_bits(ulysses._pack_torch(q, k, v, world), pack_gqa_reference(q, k, v, world))
 
 
 @requires_cuda

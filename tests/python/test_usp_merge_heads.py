@@ -1,4 +1,4 @@
-"""usp_merge_heads against x.permute(2, 1, 0, 3, 4).contiguous() (SPEC.md section 2)."""
+"""usp_merge_heads against x.permute(2, 1, 0, 3, 4).contiguous() (docs/contract.md)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 // Launch floors under CUDA-graph replay: the per-call time of tiny kernels
 // when 20 launches are replayed as one graph, timed like the op benchmarks
-// (python/attnprep/_bench.py: 200 replays, median of 5). It says what part of
+// (attnprep.testing.bench: 200 replays, median of 5). It says what part of
 // an op's small-shape replay time any kernel pays: the launch itself, the
 // kernel's parameter block, one round trip to memory, and a load whose address
 // comes from another load (positions/slots -> pool rows); and the same kernels
@@ -8,13 +8,13 @@
 // launcher and wait (src/cuda/launch.h), the floor for attnprep's small calls.
 // Its second table copies a small pack's bytes contiguously, with the
 // library's copy engine and with plain kernels: what moving those bytes costs
-// whatever their layout. Built with the tests (CMake target launch_floor), or:
-//   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Isrc -Ibench bench/launch_floor.cu src/cuda/launch.cu \
-//     src/cuda/launch_probe.cu src/cuda/strided_copy.cu src/core/strided_copy.cpp -o /tmp/launch_floor && /tmp/launch_floor
+// whatever their layout. Built with -DATTNPREP_BUILD_DIAGNOSTICS=ON (target launch_floor), or:
+//   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Isrc -Ibench/diagnostics bench/diagnostics/launch_floor.cu src/cuda/launch.cu \
+//     bench/diagnostics/launch_probe.cu src/cuda/strided_copy.cu src/core/strided_copy.cpp -o /tmp/launch_floor && /tmp/launch_floor
 #include <cuda_runtime.h>
 
 #include "cuda/launch.h"
-#include "cuda/launch_probe.h"
+#include "launch_probe.h"
 #include "cuda/strided_copy.h"
 #include "graph_replay.h"
 

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The CUDA ops under NVIDIA's compute-sanitizer (run after a build, on the GPU
-# machine): scripts/sanitize_ops.py once without it (values, time), then under
+# machine): tools/sanitize_ops.py once without it (values, time), then under
 # memcheck (every op; out-of-bounds and misaligned accesses), racecheck and
 # synccheck (the rope kernel, the one with shared memory and a barrier) and
 # initcheck (every op; reads of memory nothing wrote). memcheck, racecheck and
 # synccheck instrument attnprep's kernels only where the sanitizer can filter
 # by name. Logs in $OUT.
-#   scripts/gpu_sanitize.sh      LIMIT=seconds per tool (default 300), TOOLS (below)
+#   tools/gpu_sanitize.sh      LIMIT=seconds per tool (default 300), TOOLS (below)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out}
@@ -16,7 +16,7 @@ CS=${COMPUTE_SANITIZER:-compute-sanitizer}
 # one cudaMalloc per tensor, so memcheck sees each tensor's end
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 start=$(date +%s)
-$PY scripts/sanitize_ops.py || exit 1
+$PY tools/sanitize_ops.py || exit 1
 echo "plain: $(( $(date +%s) - start )) s"
 # instrument attnprep's kernels only (compute-sanitizer 2025.3 takes this
 # filter; a version that refuses it instruments every kernel, slower)
@@ -26,7 +26,7 @@ $CS "${filter[@]}" --error-exitcode 1 $PY -c "import torch; torch.zeros(1, devic
 echo "$($CS --version | tail -1); kernel filter: ${filter[*]:-none}"
 # The positive control: a planted read past an allocation, inside pack_qkv's
 # kernel, must be reported (else a clean run below would prove nothing).
-$CS --tool memcheck --error-exitcode 1 "${filter[@]}" $PY scripts/sanitize_ops.py planted > "$OUT/sanitize_planted.log" 2>&1
+$CS --tool memcheck --error-exitcode 1 "${filter[@]}" $PY tools/sanitize_ops.py planted > "$OUT/sanitize_planted.log" 2>&1
 if [ $? -ne 0 ] && grep -q "Invalid __global__ read" "$OUT/sanitize_planted.log"; then
   echo "planted out-of-bounds read: reported ($(grep -m1 -o 'Invalid __global__ read of size [0-9]* bytes' "$OUT/sanitize_planted.log"))"
 else
@@ -45,7 +45,7 @@ for run in "${runs[@]}"; do
   # fill the inputs and would call them uninitialized when copied to the host
   only=("${filter[@]}")
   [ "$tool" != initcheck ] || only=()
-  timeout "${LIMIT:-300}" $CS --tool "$tool" --error-exitcode 1 "${only[@]}" $PY scripts/sanitize_ops.py "$@" \
+  timeout "${LIMIT:-300}" $CS --tool "$tool" --error-exitcode 1 "${only[@]}" $PY tools/sanitize_ops.py "$@" \
     > "$OUT/sanitize_$tool.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || status=1

@@ -1,9 +1,9 @@
 """Every CUDA op over its edge cases, for NVIDIA's compute-sanitizer.
 
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --error-exitcode 1 python3 scripts/sanitize_ops.py \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --error-exitcode 1 python3 tools/sanitize_ops.py \
         [pack] [merge] [rope | rope-quick]
 
-(scripts/gpu_sanitize.sh runs it under memcheck, racecheck, synccheck and
+(tools/gpu_sanitize.sh runs it under memcheck, racecheck, synccheck and
 initcheck.) The pytest suite checks the values; this checks the accesses:
 memcheck sees an out-of-bounds read or write only past the end of an
 allocation, so every tensor here is placed to END exactly where its
@@ -31,13 +31,17 @@ import sys
 import torch
 
 import attnprep
-from attnprep import _C, ulysses
+from attnprep import _C
 
-# the test suite's references and tolerance, not copies of them
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from conftest import same_bits  # noqa: E402
-from test_pack_qkv import reference as pack_reference  # noqa: E402
-from test_rope_pool import assert_close_to_reference, cos_sin, rope_reference  # noqa: E402
+
+from attnprep.testing import cos_sin, pack_gqa_reference, pack_reference, rope_error_ratio, rope_reference  # noqa: E402
+
+
+def assert_close_to_reference(got, want, x, rotary_dim, is_neox):
+    ratio = rope_error_ratio(got, want, x, rotary_dim, is_neox)
+    assert ratio <= 1.0, f"error {ratio:.3g}x the bound"
 
 DEV = "cuda"
 CASES = 0
@@ -92,7 +96,7 @@ def check_pack():
                             continue
                         k2, v2 = (at_end((rows, kv, dim), dtype) for _ in range(2))
                         got = _C._pack_qkv_gqa(q, k2, v2, world)
-                        case(same_bits(got, ulysses._pack_torch(q, k2, v2, world)), f"gqa pack {dtype} {rows} {kv}")
+                        case(same_bits(got, pack_gqa_reference(q, k2, v2, world)), f"gqa pack {dtype} {rows} {kv}")
 
 
 def check_merge():

@@ -4,7 +4,7 @@
 # device notes). Clocks are left alone (--clock-control none). Writes
 # $OUT/ncu_<name>.ncu-rep, a details page and the per-instruction (SASS)
 # source page with stall samples, and prints the headline metrics.
-#   scripts/gpu_profile.sh rope:8 rope:8192 pack:32768,24,128,8
+#   tools/gpu_profile.sh rope:8 rope:8192 pack:32768,24,128,8
 # TAG=name prefixes the output files (one set per build variant).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -9,7 +9,7 @@ are replayed as one graph (PDL on), beside the empty kernel
 graph-replayed torch `copy_` of the same bytes (no PDL) for reference.
 --after-large first runs the large pack shapes of bench_pack_qkv.py once,
 as that benchmark does before its graph-replay table: the floors and the
-small rows read differently after it (bench/RESULTS.md, eighth session).
+small rows read differently after it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def run(after_large: bool) -> None:
         warm_with_large_shapes()
     floor = common.empty_kernel_replay_us()
     with common.pdl(True):
-        pdl_floor = common.library_empty_kernel_replay_us()
+        pdl_floor = float('nan')  # the PDL floor: bench/diagnostics/launch_floor.cu
         rows_out = []
         for rows in ROWS:
             q, k, v = (torch.randn(rows, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))

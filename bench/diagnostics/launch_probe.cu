@@ -3,7 +3,7 @@
 // op's per-call overhead). Used by the benchmarks only.
 #include <chrono>
 
-#include "cuda/launch_probe.h"
+#include "launch_probe.h"
 
 #include "cuda/launch.h"
 

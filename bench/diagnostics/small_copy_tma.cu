@@ -8,15 +8,15 @@
 //            into shared memory on one mbarrier, then one 768-byte
 //            cp.async.bulk store; `read` waits only until shared memory has
 //            been read, `full` until the store is complete.
-// A diagnostic for the small-shape target (bench/RESULTS.md), not a kernel
+// A diagnostic for the small-shape target (docs/performance-notes.md), not a kernel
 // of the library. Every variant's output is compared with the engine's.
-//   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Isrc bench/small_copy_tma.cu \
-//        src/cuda/strided_copy.cu src/cuda/launch.cu src/cuda/launch_probe.cu src/core/strided_copy.cpp -o /tmp/tma && /tmp/tma
+//   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Isrc -Ibench/diagnostics bench/diagnostics/small_copy_tma.cu \
+//        src/cuda/strided_copy.cu src/cuda/launch.cu bench/diagnostics/launch_probe.cu src/core/strided_copy.cpp -o /tmp/tma && /tmp/tma
 #include <cuda_runtime.h>
 
 #include "core/strided_copy.h"
 #include "cuda/launch.h"
-#include "cuda/launch_probe.h"
+#include "launch_probe.h"
 #include "cuda/strided_copy.h"
 #include "graph_replay.h"
 

@@ -3,7 +3,7 @@
 # tarball, e.g. `git archive -o .base/base.tar HEAD`) against this tree,
 # installed in turn (A B A B ...), a benchmark command run after each install;
 # prints the benchmark's table rows under the name of each build.
-#   scripts/gpu_ab.sh .base/base.tar 2 python3 bench/bench_rope_pool.py --no-peers
+#   tools/gpu_ab.sh .base/base.tar 2 python3 bench/bench_rope_pool.py --no-peers
 # Builds for sm_90: the base in /tmp/attnprep_base/build/dev, this tree in
 # build/dev (incremental after the first round).
 set -uo pipefail

@@ -1,0 +1,136 @@
+"""The ops as torch's dispatcher knows them: ``torch.ops.attnprep.*``.
+
+The public functions call the extension directly for plain eager tensors
+(``_dispatch.direct``) and go through these registrations otherwise: under
+torch.compile and FakeTensor tracing, for tensor subclasses, and on Apple GPUs
+(the Metal kernel is the op's kernel for the MPS device).
+
+Registered with ``torch.library.Library`` (``define`` + ``impl`` per dispatch
+key) rather than ``torch.library.custom_op``: the dispatcher then reaches the
+kernel in a few microseconds, where custom_op's Python layers cost 20-30 per
+call. The fake kernels run the same C++ checks as the real ones, on metadata
+alone, so a traced call fails with the documented message (inside dynamo's
+error, as the ValueError that caused it) and never with a shape error.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from . import _C
+
+Tensor = torch.Tensor
+
+# Read once, at import: a per-call environment lookup would cost more than
+# the launch of a small call.
+CHECK_SLOTS_ENV = os.environ.get("ATTNPREP_CHECK_SLOTS", "0") not in ("", "0")
+
+_lib = torch.library.Library("attnprep", "DEF")
+
+_ROPE_ARGS = ("Tensor v, Tensor positions, Tensor slots, Tensor(c!) k_pool, Tensor(d!) v_pool, int head_dim, "
+              "int num_qo_heads, int num_kv_heads, float rope_base, int? rotary_dim, bool is_neox, "
+              "Tensor? cos_sin_cache, bool check_slots")
+_lib.define("pack_qkv_destination_major(Tensor q, Tensor k, Tensor v, int world_size) -> Tensor")
+_lib.define("pack_qkv_destination_major_out(Tensor q, Tensor k, Tensor v, int world_size, Tensor(a!) out) -> ()")
+_lib.define("usp_merge_heads(Tensor x) -> Tensor")
+_lib.define(f"rope_pool_fused(Tensor q, Tensor k, {_ROPE_ARGS}) -> (Tensor, Tensor)")
+_lib.define(f"rope_pool_fused_inplace(Tensor(a!) q, Tensor(b!) k, {_ROPE_ARGS}) -> ()")
+
+# One kernel for every device: the extension validates (a CPU tensor gets the
+# documented device message) and launches. MPS gets the Metal kernel below.
+_ANY = "CompositeExplicitAutograd"
+
+
+def check_slots_on_host(slots: Tensor, pool_size: int, positions: Tensor, cos_sin_cache: Optional[Tensor]) -> None:
+    """``check_slots``: one device-to-host copy of the extremes (its documented cost)."""
+    if slots.numel() and int(slots.max()) >= pool_size:
+        raise ValueError("slots must be < pool_size")
+    if cos_sin_cache is not None and positions.numel():
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo < 0 or hi >= cos_sin_cache.shape[0]:
+            raise ValueError("positions must be in [0, cos_sin_cache.shape[0])")
+
+
+def _pack(q, k, v, world_size):
+    return _C.pack_qkv_destination_major(q, k, v, world_size, None)
+
+
+def _pack_out(q, k, v, world_size, out):
+    _C.pack_qkv_destination_major(q, k, v, world_size, out)
+
+
+def _pack_fake(q, k, v, world_size):
+    return q.new_empty(_C._pack_qkv_meta(q, k, v, world_size, None))
+
+
+def _pack_out_fake(q, k, v, world_size, out):
+    _C._pack_qkv_meta(q, k, v, world_size, out)
+
+
+def _merge(x):
+    return _C.usp_merge_heads(x)
+
+
+def _merge_fake(x):
+    return x.new_empty(_C._usp_merge_heads_meta(x))
+
+
+def _rope_run(kernel, inplace, q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
+              rope_base, rotary_dim, is_neox, cos_sin_cache, check_slots):
+    args = (q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim,
+            is_neox, cos_sin_cache, inplace)
+    if check_slots:
+        _C.rope_pool_check(*args)  # the documented checks come first
+        check_slots_on_host(slots, k_pool.shape[0], positions, cos_sin_cache)
+    return kernel(*args)
+
+
+def _metal(*args):
+    from . import metal
+
+    return metal.rope_pool_fused(*args)
+
+
+def _rope(*args):
+    return _rope_run(_C.rope_pool_fused, False, *args)[:2]
+
+
+def _rope_inplace(*args):
+    _rope_run(_C.rope_pool_fused, True, *args)
+
+
+def _rope_mps(*args):
+    return _rope_run(_metal, False, *args)[:2]
+
+
+def _rope_inplace_mps(*args):
+    _rope_run(_metal, True, *args)
+
+
+def _rope_check_fake(inplace, q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
+                     rope_base, rotary_dim, is_neox, cos_sin_cache, check_slots):
+    _C.rope_pool_check(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base,
+                       rotary_dim, is_neox, cos_sin_cache, inplace, metadata_only=True)
+
+
+def _rope_fake(q, k, *rest):
+    _rope_check_fake(False, q, k, *rest)
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+def _rope_inplace_fake(*args):
+    _rope_check_fake(True, *args)
+
+
+for _name, _kernel, _fake in [("pack_qkv_destination_major", _pack, _pack_fake),
+                              ("pack_qkv_destination_major_out", _pack_out, _pack_out_fake),
+                              ("usp_merge_heads", _merge, _merge_fake),
+                              ("rope_pool_fused", _rope, _rope_fake),
+                              ("rope_pool_fused_inplace", _rope_inplace, _rope_inplace_fake)]:
+    _lib.impl(_name, _kernel, _ANY)
+    torch.library.register_fake(f"attnprep::{_name}", _fake, lib=_lib)
+_lib.impl("rope_pool_fused", _rope_mps, "MPS")
+_lib.impl("rope_pool_fused_inplace", _rope_inplace_mps, "MPS")

@@ -1,0 +1,121 @@
+"""Plain-torch references of every op: the oracles of the tests, the
+benchmarks, the self-check of ``python -m attnprep`` and the sanitizer run.
+
+Written for clarity, not speed, and independent of the library's own code
+paths (the Ulysses layer's plain-torch packing included): a test compares the
+library against these, never against itself. The rope reference computes in
+float64 from the float32 angle the contract specifies (docs/contract.md).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def pack_reference(q: Tensor, k: Tensor, v: Tensor, world_size: int) -> Tensor:
+    """``out[d, r, h] = q | k | v [r, d * local + h]``, as a new contiguous tensor."""
+    rows, heads, dim = q.shape
+    local = heads // world_size
+    out = torch.empty((world_size, rows, local, 3 * dim), dtype=q.dtype, device=q.device)
+    for d in range(world_size):
+        for j, t in enumerate((q, k, v)):
+            out[d, :, :, j * dim:(j + 1) * dim] = t[:, d * local:(d + 1) * local]
+    return out
+
+
+def pack_gqa_reference(q: Tensor, k: Tensor, v: Tensor, world_size: int) -> Tensor:
+    """The Ulysses layer's grouped-query send buffer ``[W, rows, (local_q + 2 local_kv) * D]``:
+    for destination d its q heads, then its kv heads (split when kv_heads >= W,
+    else the one kv head its q heads use), then the same v heads."""
+    rows, heads, dim = q.shape
+    kv = k.shape[1]
+    local_q = heads // world_size
+    parts = []
+    for d in range(world_size):
+        qs = q[:, d * local_q:(d + 1) * local_q]
+        if kv >= world_size:
+            n = kv // world_size
+            ks, vs = k[:, d * n:(d + 1) * n], v[:, d * n:(d + 1) * n]
+        else:
+            head = (d * local_q) // (heads // kv)  # the kv head of this destination's first q head
+            ks, vs = k[:, head:head + 1], v[:, head:head + 1]
+        parts.append(torch.cat([qs, ks, vs], dim=1).reshape(rows, -1))
+    return torch.stack(parts).contiguous()
+
+
+def merge_reference(x: Tensor) -> Tensor:
+    """``[W, S, B, h, D] -> [B, S, W, h, D]``."""
+    return x.permute(2, 1, 0, 3, 4).contiguous()
+
+
+def inv_freq(base: float, rotary_dim: int) -> Tensor:
+    """float32(1 / base^(2i / rotary_dim)), computed in double and rounded once."""
+    i = torch.arange(rotary_dim // 2, dtype=torch.float64)
+    return (1.0 / base ** (2 * i / rotary_dim)).to(torch.float32)
+
+
+def cos_sin(positions: Tensor, rotary_dim: int, base: Optional[float] = None,
+            cos_sin_cache: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """(cos, sin) ``[T, rotary_dim / 2]`` in float64: of the float32 angle, or the table's values exactly."""
+    if cos_sin_cache is not None:
+        rows = cos_sin_cache.cpu()[positions.long().cpu()].double()
+        return rows[:, : rotary_dim // 2], rows[:, rotary_dim // 2:]
+    angle = positions.cpu().to(torch.float32)[:, None] * inv_freq(base, rotary_dim)[None, :]  # float32 product
+    return torch.cos(angle.double()), torch.sin(angle.double())
+
+
+def rope_reference(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, is_neox: bool) -> Tensor:
+    """x ``[T, H, D]`` -> float64 rotated copy (on the CPU); elements past rotary_dim pass through."""
+    x = x.detach().cpu().double()
+    out = x.clone()
+    c, s = cos[:, None, :], sin[:, None, :]
+    rot = rotary_dim
+    if is_neox:
+        a, b = x[..., : rot // 2], x[..., rot // 2: rot]
+        out[..., : rot // 2] = a * c - b * s
+        out[..., rot // 2: rot] = b * c + a * s
+    else:
+        a, b = x[..., 0:rot:2], x[..., 1:rot:2]
+        out[..., 0:rot:2] = a * c - b * s
+        out[..., 1:rot:2] = b * c + a * s
+    return out
+
+
+_MANTISSA = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
+
+
+def rope_error_ratio(got: Tensor, want: Tensor, x: Tensor, rotary_dim: int, is_neox: bool) -> float:
+    """The largest |got - want| over the contract's tolerance (<= 1 passes; NaN gives inf).
+
+    fp16/bf16: float32 arithmetic and one rounding: 1 ulp of the output dtype
+    at |want|, plus a few float32 ulp of |x1| + |x2| under cancellation.
+    float32: a few float32 ulp of the row's largest magnitude.
+    """
+    got = got.detach().cpu().double()
+    if torch.isnan(got).any():
+        return float("inf")
+    xd = x.detach().cpu().double()
+    partner = xd.abs()
+    rot = rotary_dim
+    if is_neox:
+        h = rot // 2
+        partner[..., :h] += xd[..., h:rot].abs()
+        partner[..., h:rot] += xd[..., :h].abs()
+    else:
+        p = partner[..., :rot].clone()
+        partner[..., 0:rot:2] += p[..., 1:rot:2]
+        partner[..., 1:rot:2] += p[..., 0:rot:2]
+    f32_err = 8 * 2.0 ** -24 * partner
+    if x.dtype == torch.float32:
+        row_max = want.abs().amax(dim=-1, keepdim=True)
+        bound = 8 * 2.0 ** -24 * torch.maximum(row_max, partner)
+    else:
+        tiny = torch.finfo(x.dtype).tiny
+        e = torch.floor(torch.log2(want.abs().clamp(min=tiny)))
+        bound = torch.exp2(e - _MANTISSA[x.dtype]) + f32_err
+    err = (got - want).abs()
+    return (err / bound).max().item() if err.numel() else 0.0
