@@ -6,9 +6,9 @@
 - torch.compile: compiled per shape, with static shapes (``dynamic=False``
   after ``torch._dynamo.reset()``), so Inductor specialises as it would in a
   server that compiles per bucket.
-- Triton: a per-element kernel of the kind servers ship, one program per
-  block of output elements, each element's source address decomposed from
-  its flat output index. Skipped where Triton is missing.
+- Triton: a kernel of the kind servers ship, one program per output row,
+  each element's source decomposed from its index in the row. Skipped where
+  Triton is missing.
 
 Used by the benchmarks only; attnprep.testing holds the references.
 """
@@ -91,47 +91,44 @@ def compiled_static(fn: Callable, *example) -> Callable:
 if triton is not None:
 
     @triton.jit
-    def _pack_kernel(q, k, v, out, n, rows, local, dim, q_rs, q_hs, k_rs, k_hs, v_rs, v_hs, BLOCK: tl.constexpr):
-        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        m = i < n
-        c = i % (3 * dim)
-        t = i // (3 * dim)
-        h = t % local
-        t = t // local
+    def _pack_kernel(q, k, v, out, rows, local, dim, q_rs, q_hs, k_rs, k_hs, v_rs, v_hs, BLOCK: tl.constexpr):
+        # one program per output row (d, r, h): its q | k | v segments
+        row = tl.program_id(0).to(tl.int64)
+        h = row % local
+        t = row // local
         r = t % rows
         d = t // rows
+        head = d * local + h
+        c = tl.arange(0, BLOCK)
+        m = c < 3 * dim
         which = c // dim
         e = c % dim
-        head = d * local + h
         vq = tl.load(q + r * q_rs + head * q_hs + e, mask=m & (which == 0))
         vk = tl.load(k + r * k_rs + head * k_hs + e, mask=m & (which == 1))
         vv = tl.load(v + r * v_rs + head * v_hs + e, mask=m & (which == 2))
-        tl.store(out + i, tl.where(which == 0, vq, tl.where(which == 1, vk, vv)), mask=m)
+        tl.store(out + row * 3 * dim + c, tl.where(which == 0, vq, tl.where(which == 1, vk, vv)), mask=m)
 
     @triton.jit
-    def _merge_kernel(x, out, n, W, S, B, H, D, sw, ss, sb, sh, BLOCK: tl.constexpr):
-        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        m = i < n
-        e = i % D
-        t = i // D
-        h = t % H
-        t = t // H
+    def _merge_kernel(x, out, W, S, H, D, sw, ss, sb, sh, BLOCK: tl.constexpr):
+        # one program per output row (b, s, w, h)
+        row = tl.program_id(0).to(tl.int64)
+        h = row % H
+        t = row // H
         w = t % W
         t = t // W
         s = t % S
         b = t // S
-        tl.store(out + i, tl.load(x + w * sw + s * ss + b * sb + h * sh + e, mask=m), mask=m)
-
-
-_BLOCK = 1024
+        e = tl.arange(0, BLOCK)
+        m = e < D
+        tl.store(out + row * D + e, tl.load(x + w * sw + s * ss + b * sb + h * sh + e, mask=m), mask=m)
 
 
 def triton_pack(q, k, v, w):
     rows, heads, dim = q.shape
     out = torch.empty((w, rows, heads // w, 3 * dim), dtype=q.dtype, device=q.device)
-    n = out.numel()
-    _pack_kernel[(triton.cdiv(n, _BLOCK),)](q, k, v, out, n, rows, heads // w, dim, q.stride(0), q.stride(1),
-                                            k.stride(0), k.stride(1), v.stride(0), v.stride(1), BLOCK=_BLOCK)
+    _pack_kernel[(w * rows * (heads // w),)](q, k, v, out, rows, heads // w, dim, q.stride(0), q.stride(1),
+                                             k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                                             BLOCK=triton.next_power_of_2(3 * dim))
     return out
 
 
@@ -139,7 +136,6 @@ def triton_merge(x):
     W, S, B, H, D = x.shape
     assert x.stride(4) == 1
     out = torch.empty((B, S, W, H, D), dtype=x.dtype, device=x.device)
-    n = out.numel()
-    _merge_kernel[(triton.cdiv(n, _BLOCK),)](x, out, n, W, S, B, H, D, x.stride(0), x.stride(1), x.stride(2),
-                                             x.stride(3), BLOCK=_BLOCK)
+    _merge_kernel[(B * S * W * H,)](x, out, W, S, H, D, x.stride(0), x.stride(1), x.stride(2), x.stride(3),
+                                    BLOCK=triton.next_power_of_2(D))
     return out

@@ -19,8 +19,15 @@ def direct(*tensors) -> bool:
     if _is_compiling():
         return False
     for t in tensors:
-        # Subclasses (FakeTensor, functional tensors...) need the dispatcher;
-        # anything that is no tensor at all gets the extension's TypeError.
-        if t.__class__ is not _Tensor and isinstance(t, _Tensor):
+        if t.__class__ is _Tensor:
+            # A lazily negated or conjugated view: its memory is not its
+            # values; the dispatcher resolves it (DLPack would export the raw
+            # memory as if it were the values).
+            if t.is_neg() or t.is_conj():
+                return False
+        elif isinstance(t, _Tensor):
+            # Subclasses (FakeTensor, functional tensors...) need the
+            # dispatcher; anything that is no tensor at all gets the
+            # extension's TypeError.
             return False
     return True

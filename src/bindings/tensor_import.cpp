@@ -160,13 +160,15 @@ nb::module_& torch_module() {
 
 // The ints of a Python sequence (torch.Size, a stride tuple); symbolic
 // sizes (dynamic shapes) become their hint through int().
+// (Stable-ABI calls only: the wheel is abi3.)
 std::vector<int64_t> int_list(nb::handle seq) {
-  nb::object items = nb::steal(PySequence_Fast(seq.ptr(), "expected a sequence"));
-  if (!items) throw nb::python_error();
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(items.ptr());
+  const Py_ssize_t n = PySequence_Size(seq.ptr());
+  if (n < 0) throw nb::python_error();
   std::vector<int64_t> out(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    nb::object v = nb::steal(PyNumber_Long(PySequence_Fast_GET_ITEM(items.ptr(), i)));
+    nb::object item = nb::steal(PySequence_GetItem(seq.ptr(), i));
+    if (!item) throw nb::python_error();
+    nb::object v = nb::steal(PyNumber_Long(item.ptr()));
     if (!v) throw nb::python_error();
     out[static_cast<size_t>(i)] = PyLong_AsLongLong(v.ptr());
   }
@@ -176,9 +178,7 @@ std::vector<int64_t> int_list(nb::handle seq) {
 std::string str_of(nb::handle obj) {
   nb::object s = nb::steal(PyObject_Str(obj.ptr()));
   if (!s) throw nb::python_error();
-  const char* c = PyUnicode_AsUTF8(s.ptr());
-  if (c == nullptr) throw nb::python_error();
-  return c;
+  return nb::borrow<nb::str>(s).c_str();
 }
 
 ImportedTensor import_metadata(nb::handle obj, const char* what) {
