@@ -43,7 +43,7 @@ def pack_gqa_reference(q: Tensor, k: Tensor, v: Tensor, world_size: int) -> Tens
         else:
             head = (d * local_q) // (heads // kv)  # the kv head of this destination's first q head
             ks, vs = k[:, head:head + 1], v[:, head:head + 1]
-        parts.append(torch.cat([qs, ks, vs], dim=1).reshape(rows, -1))
+        parts.append(torch.cat([qs, ks, vs], dim=1).reshape(rows, (qs.shape[1] + 2 * ks.shape[1]) * dim))
     return torch.stack(parts).contiguous()
 
 
