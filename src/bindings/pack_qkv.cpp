@@ -16,13 +16,25 @@ namespace {
 constexpr const char* kOp = "pack_qkv_destination_major";
 constexpr const char* kWorldMessage = "world_size must be positive and divide global_heads";
 
+// q, k, v imported (`import`: with their addresses, or metadata alone) and
+// checks 1-5 run on them.
+struct Inputs {
+  ImportedTensor q, k, v;
+  core::PackQkvShape shape;
+};
+Inputs import_inputs(ImportedTensor (*import)(nb::handle, const char*), nb::handle q, nb::handle k, nb::handle v,
+                     nb::handle world_size) {
+  Inputs in{import(q, "q"), import(k, "k"), import(v, "v"), {}};
+  const int64_t world = int_arg(world_size, kOp, "world_size", kWorldMessage);
+  in.shape = core::check_pack_qkv_inputs(in.q.arg, in.k.arg, in.v.arg, world);
+  return in;
+}
+
 nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, nb::handle world_size,
                                       nb::handle out) {
-  const ImportedTensor tq = import_tensor(q, "q");
-  const ImportedTensor tk = import_tensor(k, "k");
-  const ImportedTensor tv = import_tensor(v, "v");
-  const int64_t world = int_arg(world_size, kOp, "world_size", kWorldMessage);
-  const core::PackQkvShape shape = core::check_pack_qkv_inputs(tq.arg, tk.arg, tv.arg, world);
+  const Inputs in = import_inputs(import_tensor, q, k, v, world_size);
+  const ImportedTensor &tq = in.q, &tk = in.k, &tv = in.v;
+  const core::PackQkvShape& shape = in.shape;
 
   nb::object result;
   core::TensorArg dst;
@@ -46,13 +58,10 @@ nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, 
 // torch.compile, meta tensors), and the output shape.
 std::vector<int64_t> pack_qkv_meta(nb::handle q, nb::handle k, nb::handle v, nb::handle world_size,
                                    nb::handle out) {
-  const ImportedTensor tq = import_metadata(q, "q");
-  const ImportedTensor tk = import_metadata(k, "k");
-  const ImportedTensor tv = import_metadata(v, "v");
-  const int64_t world = int_arg(world_size, kOp, "world_size", kWorldMessage);
-  const core::PackQkvShape shape = core::check_pack_qkv_inputs(tq.arg, tk.arg, tv.arg, world);
-  if (!out.is_none()) core::check_pack_qkv_out(shape, tq.arg, tk.arg, tv.arg, import_metadata(out, "out").arg);
-  return {shape.out_shape, shape.out_shape + 4};
+  const Inputs in = import_inputs(import_metadata, q, k, v, world_size);
+  if (!out.is_none())
+    core::check_pack_qkv_out(in.shape, in.q.arg, in.k.arg, in.v.arg, import_metadata(out, "out").arg);
+  return {in.shape.out_shape, in.shape.out_shape + 4};
 }
 
 // Internal: the GQA pack of the Ulysses layer (not part of the public API).
