@@ -78,8 +78,10 @@ def _merge_fake(x):
     return x.new_empty(_C._usp_merge_heads_meta(x))
 
 
-def _rope_run(kernel, inplace, q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-              rope_base, rotary_dim, is_neox, cos_sin_cache, check_slots):
+def rope_run(kernel, inplace, q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
+             rope_base, rotary_dim, is_neox, cos_sin_cache, check_slots):
+    """``kernel`` (the extension's or the Metal one) after the host check of
+    ``check_slots``; the one place that check runs, for both call paths."""
     args = (q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim,
             is_neox, cos_sin_cache, inplace)
     if check_slots:
@@ -95,19 +97,19 @@ def _metal(*args):
 
 
 def _rope(*args):
-    return _rope_run(_C.rope_pool_fused, False, *args)[:2]
+    return rope_run(_C.rope_pool_fused, False, *args)[:2]
 
 
 def _rope_inplace(*args):
-    _rope_run(_C.rope_pool_fused, True, *args)
+    rope_run(_C.rope_pool_fused, True, *args)
 
 
 def _rope_mps(*args):
-    return _rope_run(_metal, False, *args)[:2]
+    return rope_run(_metal, False, *args)[:2]
 
 
 def _rope_inplace_mps(*args):
-    _rope_run(_metal, True, *args)
+    rope_run(_metal, True, *args)
 
 
 def _rope_check_fake(inplace, q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,

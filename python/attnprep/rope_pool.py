@@ -52,18 +52,18 @@ def rope_pool_fused(
     Raises ValueError with the messages of docs/contract.md, in their order.
     """
     check = _ops.CHECK_SLOTS_ENV if check_slots is None else bool(check_slots)
-    if direct(q, k, v, positions, slots, k_pool, v_pool, cos_sin_cache):
-        if check:
-            _C.rope_pool_check(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-                               rope_base, rotary_dim, is_neox, cos_sin_cache, inplace)
-            _ops.check_slots_on_host(slots, k_pool.shape[0], positions, cos_sin_cache)
-        out = _C.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-                                 rope_base, rotary_dim, is_neox, cos_sin_cache, inplace)
-        if out is not None:
-            return out
-        check = False  # checked above; MPS tensors continue to their registered kernel
     args = (q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim,
             is_neox, cos_sin_cache, check)
+    if direct(q, k, v, positions, slots, k_pool, v_pool, cos_sin_cache):
+        if not check:
+            out = _C.rope_pool_fused(*args[:-1], inplace)
+        else:
+            out = _ops.rope_run(_C.rope_pool_fused, inplace, *args)
+        if out is not None:
+            return out
+        # MPS tensors: on to their registered kernel, which validates; the
+        # host check, when asked for, has run
+        args = args[:-1] + (False,)
     if inplace:
         torch.ops.attnprep.rope_pool_fused_inplace(*args)
         return q, k, k_pool, v_pool

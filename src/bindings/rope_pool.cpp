@@ -28,9 +28,10 @@ struct Scalars {
 
 using Import = ImportedTensor (*)(nb::handle, const char*);
 
-Imported import_and_check(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
-                          nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
-                          nb::handle cos_sin_cache) {
+// Imports every argument; check_rope_pool(in.args) validates them.
+Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
+                     nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
+                     nb::handle cos_sin_cache) {
   Imported in;
   in.q = import(q, "q");
   in.k = import(k, "k");
@@ -60,24 +61,32 @@ Imported import_and_check(Import import, nb::handle q, nb::handle k, nb::handle 
   if (a.has_rotary_dim) a.rotary_dim = int_arg(sc.rotary_dim, kOp, "rotary_dim");
   a.is_neox = bool_arg(sc.is_neox, kOp, "is_neox");
   a.inplace = bool_arg(sc.inplace, kOp, "inplace");
-  core::check_rope_pool(a);
+  return in;
+}
+
+Imported import_and_check(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
+                          nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
+                          nb::handle cos_sin_cache) {
+  Imported in = import_args(import, q, k, v, positions, slots, k_pool, v_pool, sc, cos_sin_cache);
+  core::check_rope_pool(in.args);
   return in;
 }
 
 // Validates, allocates q_rot/k_rot (unless inplace) and launches; returns
 // (q_rot, k_rot, k_pool, v_pool) with the pools being the caller's objects.
-// Returns None, having checked everything, for MPS tensors: their kernel is
-// registered with torch for the MPS device (python/attnprep/metal.py) and the
-// caller dispatches there.
+// Returns None for MPS tensors, before the checks: their kernel is registered
+// with torch for the MPS device (python/attnprep/metal.py), which runs the
+// same checks, and the caller dispatches there.
 nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                            nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
                            nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
                            nb::handle cos_sin_cache, nb::handle inplace) {
-  Imported in = import_and_check(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
-                                 {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace},
-                                 cos_sin_cache);
+  Imported in = import_args(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
+                            {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace},
+                            cos_sin_cache);
   const core::RopePoolArgs& a = in.args;
-  if (a.q.device.type != core::DeviceType::CUDA) return nb::none();
+  if (a.q.device.type == core::DeviceType::MPS) return nb::none();
+  core::check_rope_pool(a);
   const bool inplace_ = a.inplace;
 
   nb::object q_rot, k_rot;
