@@ -95,6 +95,10 @@ struct CopyCudaPolicy {
   // kernel's register count: enough bytes in flight without crowding DRAM).
   static constexpr int32_t large_threads = 512;
   static constexpr int32_t large_vectors_per_thread = 4;
+  // A large copy's 16-byte loads carry an L2 evict-last cache policy, so its
+  // freshly written output lines, not the lines being read, are what L2
+  // evicts first (Inductor's generated copies load the same way).
+  static constexpr bool large_loads_evict_last = true;
   // A small copy (fewer vectors than this in all jobs together): one vector
   // per thread in blocks of 256, spread over every multiprocessor so that
   // the call costs one memory round trip; 4 per thread would idle most of

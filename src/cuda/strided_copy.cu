@@ -17,6 +17,23 @@ constexpr int kThreads = kSmall ? CopyCudaPolicy::small_threads : CopyCudaPolicy
 template <bool kSmall>
 constexpr int kVectors = kSmall ? 1 : CopyCudaPolicy::large_vectors_per_thread;
 
+// A read-only load of V; 16-byte loads of a large copy with an L2 evict-last
+// policy (CopyCudaPolicy::large_loads_evict_last).
+template <typename V, bool kEvictLast>
+__device__ __forceinline__ V load(const V* p) {
+  if constexpr (kEvictLast && sizeof(V) == 16) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    V v;
+    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(policy));
+    return v;
+  } else {
+    return __ldg(p);
+  }
+}
+
 // One block copies kThreads * kVectors consecutive vectors of one job; the
 // launch geometry (which block serves which job) is core::plan_copy_cuda_launch's.
 template <typename V, bool Index32, bool kSmall>
@@ -54,7 +71,8 @@ __global__ void __launch_bounds__(kThreads<kSmall>) strided_copy_kernel(const __
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     if constexpr (!kSmall) locate(u);
-    if (has[u]) value[u] = __ldg(reinterpret_cast<const V*>(src[u]));
+    if (has[u])
+      value[u] = load<V, !kSmall && CopyCudaPolicy::large_loads_evict_last>(reinterpret_cast<const V*>(src[u]));
   }
 #pragma unroll
   for (int u = 0; u < kU; ++u)
