@@ -6,6 +6,7 @@ Public ops (docs/contract.md has the contract):
 - :func:`pack_qkv_destination_major`: Ulysses input side, one all-to-all.
 - :func:`usp_merge_heads`: Ulysses output side.
 - :func:`rope_pool_fused`: RoPE on q/k and the KV-pool write, one launch.
+- :func:`rope_cos_sin_cache`: a model's RoPE table (every scaling scheme) for it.
 """
 
 __version__ = "0.1.0"
@@ -13,6 +14,8 @@ __version__ = "0.1.0"
 from ._info import build_info
 from .pack_qkv import pack_qkv_destination_major
 from .rope_pool import rope_pool_fused
+from .rope_tables import rope_cos_sin_cache
 from .usp_merge_heads import usp_merge_heads
 
-__all__ = ["__version__", "build_info", "pack_qkv_destination_major", "usp_merge_heads", "rope_pool_fused"]
+__all__ = ["__version__", "build_info", "pack_qkv_destination_major", "usp_merge_heads", "rope_pool_fused",
+           "rope_cos_sin_cache"]

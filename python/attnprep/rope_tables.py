@@ -1,0 +1,145 @@
+"""rope_cos_sin_cache: a model's RoPE table for ``rope_pool_fused(cos_sin_cache=...)``.
+
+Built the way Hugging Face transformers builds a model's rotary embedding
+(its RoPE initialisation functions, then ``cos(position * inv_freq) *
+attention_factor`` in float32), so the kernel applies exactly the model's
+table. docs/contract.md has the contract; the tests compare against
+transformers' own rotary embedding modules.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+Tensor = torch.Tensor
+
+_SCHEMES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+
+
+def _need(kind: str, cfg: dict, key: str):
+    if cfg.get(key) is None:
+        raise ValueError(f"rope_cos_sin_cache: {kind} scaling needs {key}")
+    return cfg[key]
+
+
+def _plain(base: float, dim: int) -> Tensor:
+    # float32 pow of float32 exponents, as the models compute it
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _yarn(cfg: dict, base: float, dim: int, max_position_embeddings: Optional[int]) -> Tuple[Tensor, float]:
+    original = _need("yarn", cfg, "original_max_position_embeddings")
+    factor = cfg.get("factor")
+    if factor is None:
+        factor = _need("yarn", {"max_position_embeddings": max_position_embeddings}, "max_position_embeddings") / original
+
+    def mscale_of(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = cfg.get("attention_factor")
+    if attention is None:
+        m, m_all = cfg.get("mscale"), cfg.get("mscale_all_dim")
+        attention = float(mscale_of(factor, m) / mscale_of(factor, m_all)) if m and m_all else mscale_of(factor)
+    beta_fast = cfg.get("beta_fast") or 32
+    beta_slow = cfg.get("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if cfg.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv, attention
+
+
+def _llama3(cfg: dict, base: float, dim: int) -> Tensor:
+    inv = _plain(base, dim)
+    factor = _need("llama3", cfg, "factor")
+    low_factor = _need("llama3", cfg, "low_freq_factor")
+    high_factor = _need("llama3", cfg, "high_freq_factor")
+    context = _need("llama3", cfg, "original_max_position_embeddings")
+    low_wavelen, high_wavelen = context / low_factor, context / high_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (context / wavelen - low_factor) / (high_factor - low_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _longrope(cfg: dict, base: float, dim: int, seq_len: int,
+              max_position_embeddings: Optional[int]) -> Tuple[Tensor, float]:
+    original = _need("longrope", cfg, "original_max_position_embeddings")
+    long_factor = _need("longrope", cfg, "long_factor")
+    short_factor = _need("longrope", cfg, "short_factor")
+    factor = cfg.get("factor")
+    if factor is None:
+        factor = (_need("longrope", {"max_position_embeddings": max_position_embeddings}, "max_position_embeddings")
+                  / original)
+    attention = cfg.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    ext = torch.tensor(long_factor if seq_len > original else short_factor, dtype=torch.float32)
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (ext * base**shape), attention
+
+
+def rope_inv_freq(head_dim: int, base: float, *, rotary_dim: Optional[int] = None, scaling: Optional[dict] = None,
+                  max_position_embeddings: Optional[int] = None, seq_len: int = 0) -> Tuple[Tensor, float]:
+    """(inv_freq ``[rotary_dim / 2]`` float32, attention factor) of a RoPE scheme."""
+    cfg = dict(scaling or {})
+    kind = cfg.get("rope_type", cfg.get("type")) or "default"
+    if kind not in _SCHEMES:
+        raise ValueError(f"rope_cos_sin_cache: unknown rope scaling type {kind}")
+    dim = rotary_dim if rotary_dim is not None else int(head_dim * cfg.get("partial_rotary_factor", 1.0))
+    if not (isinstance(dim, int) and 2 <= dim <= head_dim and dim % 2 == 0):
+        raise ValueError(f"rope_cos_sin_cache: rotary_dim must be even and in [2, head_dim], got {dim}")
+    if kind == "default":
+        return _plain(base, dim), 1.0
+    if kind == "linear":
+        return _plain(base, dim) / _need(kind, cfg, "factor"), 1.0
+    if kind == "dynamic":
+        factor = _need(kind, cfg, "factor")
+        context = _need(kind, {"max_position_embeddings": max_position_embeddings}, "max_position_embeddings")
+        length = max(seq_len, context)
+        return _plain(base * ((factor * length / context) - (factor - 1)) ** (dim / (dim - 2)), dim), 1.0
+    if kind == "yarn":
+        return _yarn(cfg, base, dim, max_position_embeddings)
+    if kind == "llama3":
+        return _llama3(cfg, base, dim), 1.0
+    return _longrope(cfg, base, dim, seq_len, max_position_embeddings)
+
+
+def rope_cos_sin_cache(head_dim: int, max_position: int, base: float, *, rotary_dim: Optional[int] = None,
+                       scaling: Optional[dict] = None, max_position_embeddings: Optional[int] = None,
+                       seq_len: Optional[int] = None, dtype: torch.dtype = torch.float32,
+                       device=None) -> Tensor:
+    """``[max_position, rotary_dim]``: cos of every position's angles, then their sin.
+
+    ``scaling`` is the model config's RoPE dict (``rope_scaling`` or
+    ``rope_parameters``): none, ``linear``, ``dynamic``, ``yarn``, ``llama3``
+    or ``longrope``. ``seq_len`` (default ``max_position``) is the sequence
+    length the dynamic and longrope schemes adapt to;
+    ``max_position_embeddings`` is the model's context length (needed by
+    ``dynamic``, and by ``yarn``/``longrope`` without a ``factor``).
+    """
+    if max_position <= 0:
+        raise ValueError(f"rope_cos_sin_cache: max_position must be positive, got {max_position}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"rope_cos_sin_cache: dtype must be torch.float32 or torch.bfloat16, got {dtype}")
+    inv, attention = rope_inv_freq(head_dim, base, rotary_dim=rotary_dim, scaling=scaling,
+                                   max_position_embeddings=max_position_embeddings,
+                                   seq_len=max_position if seq_len is None else seq_len)
+    angle = torch.arange(max_position, dtype=torch.float32)[:, None] * inv.float()[None, :]
+    table = torch.cat([angle.cos() * attention, angle.sin() * attention], dim=1)
+    return table.to(dtype=dtype, device=device)
