@@ -1,5 +1,5 @@
 """Benchmark rope_pool_fused (bf16, q 32 heads, k/v 8 heads, head_dim 128,
-pool of 1,000,000 slots, random positions below 131072, random distinct slots).
+pool of 2^20 slots, random positions below 131072, random distinct slots).
 
     python bench/bench_rope_pool.py [--quick]
 
@@ -22,7 +22,7 @@ import attnprep
 import peers
 from attnprep import _bench as common
 
-HQ, HKV, D, POOL, MAXPOS, BASE = 32, 8, 128, 1_000_000, 131072, 10000.0
+HQ, HKV, D, POOL, MAXPOS, BASE = 32, 8, 128, 1 << 20, 131072, 10000.0
 TS = [1, 8, 32, 128, 512, 2048, 8192, 32768]
 
 
@@ -49,6 +49,67 @@ def torch_rope_pool(q, k, v, positions, slots, k_pool, v_pool, freqs):
     return q_rot, k_rot
 
 
+
+
+def torch_rope_paged(q, k, v, positions, slots, k_pool, v_pool, freqs, layout, page, k_scale, v_scale):
+    """The plain composition for a paged (and maybe fp8) cache: rope, quantize, scatter into pages."""
+    q_rot, k_rot = torch_rope(q, k, positions, freqs)
+    kr, vr = k_rot, v
+    if k_scale is not None:
+        fmax = torch.finfo(k_pool.dtype).max
+        kr = (k_rot.float() / k_scale).clamp(-fmax, fmax).to(k_pool.dtype)
+        vr = (v.float() / v_scale).clamp(-fmax, fmax).to(v_pool.dtype)
+    pages, offs = slots // page, slots % page
+    if layout == "NHD":
+        k_pool[pages, offs] = kr
+        v_pool[pages, offs] = vr
+    else:
+        k_pool[pages, :, offs] = kr
+        v_pool[pages, :, offs] = vr
+    return q_rot, k_rot
+
+
+# (pool dtype, layout, page size) of the KV-format table
+FORMATS = [(torch.bfloat16, "NHD", 16), (torch.float8_e4m3fn, "NHD", 16), (torch.bfloat16, "HND", 64),
+           (torch.float8_e4m3fn, "HND", 64)]
+
+
+def run_formats(quick: bool = False, with_peers: bool = True):
+    iters = 10 if quick else 50
+    g = torch.Generator(device="cuda").manual_seed(1)
+    freqs = inv_freq()
+    rows = []
+    for pool_dtype, layout, page in FORMATS:
+        shape = (POOL // page, page, HKV, D) if layout == "NHD" else (POOL // page, HKV, page, D)
+        k_pool = torch.zeros(shape, device="cuda", dtype=pool_dtype)
+        v_pool = torch.zeros_like(k_pool)
+        fp8 = pool_dtype != torch.bfloat16
+        scales = dict(k_scale=torch.tensor(0.5, device="cuda"), v_scale=torch.tensor(2.0, device="cuda")) if fp8 else {}
+        kw = dict(head_dim=D, num_qo_heads=HQ, num_kv_heads=HKV, rope_base=BASE, kv_layout=layout, **scales)
+        pool_bytes = 1 if fp8 else 2
+        for T in [128, 8192] if quick else [128, 2048, 8192]:
+            # q, k, v, positions, slots read once; q_rot, k_rot written; pool rows written at the pool's size
+            nbytes = T * ((HQ + 2 * HKV) * D * 2 + 16) + T * (HQ + HKV) * D * 2 + T * 2 * HKV * D * pool_bytes
+            sets = [case(T, g) for _ in range(common.sets_needed(nbytes))]
+            t = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets], iters)
+            tcopy = common.copy_ms(nbytes // 2, iters)
+            graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw)) \
+                if T <= 128 else float("nan")
+            tc = graph_c = float("nan")
+            if with_peers:
+                ks, vs = scales.get("k_scale"), scales.get("v_scale")
+                comp = peers.compiled_static(torch_rope_paged, *sets[0], k_pool, v_pool, freqs, layout, page, ks, vs)
+                tc = common.median_ms([lambda s=s: comp(*s, k_pool, v_pool, freqs, layout, page, ks, vs)
+                                       for s in sets], iters)
+                if T <= 128:
+                    graph_c = common.graph_replay_us(lambda: comp(*sets[0], k_pool, v_pool, freqs, layout, page, ks, vs))
+            rows.append([f"{str(pool_dtype).replace('torch.', '')} {layout} page {page}", T, t * 1e3,
+                         100 * tcopy / t, graph, tc * 1e3, graph_c, tc / t])
+        del k_pool, v_pool
+    common.print_table(
+        f"rope_pool_fused into paged and fp8 caches, bf16 q/k/v, 32/8 heads, head_dim 128 ({common.environment()})",
+        ["pool", "T", "attnprep us", "% of copy", "graph replay us", "torch.compile us", "compile graph us",
+         "speed-up vs compile"], rows)
 
 
 def case(T, g):
@@ -108,3 +169,4 @@ if __name__ == "__main__":
     p.add_argument("--no-peers", action="store_true", help="attnprep only (tuning runs)")
     a = p.parse_args()
     run(a.quick, a.ts, not a.no_peers)
+    run_formats(a.quick, not a.no_peers)

@@ -37,12 +37,13 @@ def _library():
 
 
 def rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base,
-                    rotary_dim, is_neox, cos_sin_cache, inplace):
+                    rotary_dim, is_neox, cos_sin_cache, inplace, k_scale, v_scale, kv_layout):
     q_rot = q if inplace else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_rot = k if inplace else torch.empty(k.shape, dtype=k.dtype, device=k.device)
     params, groups, threads = _C.rope_pool_metal_plan(q, k, v, positions, slots, k_pool, v_pool, head_dim,
                                                       num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox,
-                                                      cos_sin_cache, inplace, q_rot, k_rot)
+                                                      cos_sin_cache, inplace, k_scale, v_scale, kv_layout,
+                                                      q_rot, k_rot)
     if groups:
         block = torch.frombuffer(bytearray(params), dtype=torch.uint8).to(q.device)
         # without a table the kernel never reads it; any buffer fills the slot

@@ -30,14 +30,24 @@ def rope_pool_fused(
     cos_sin_cache: Optional[Tensor] = None,
     inplace: bool = False,
     check_slots: Optional[bool] = None,
+    k_scale: Optional[Tensor] = None,
+    v_scale: Optional[Tensor] = None,
+    kv_layout: str = "NHD",
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Rotary embedding on q and k, and the rotated k plus raw v into a flat KV pool.
+    """Rotary embedding on q and k, and the rotated k plus raw v into a KV cache.
 
     q ``[T, num_qo_heads, head_dim]``, k and v ``[T, num_kv_heads, head_dim]``,
-    positions and slots ``[T]`` (int32 or int64), pools ``[pool_size,
-    num_kv_heads, head_dim]`` (any row stride). Returns ``(q_rot, k_rot,
-    k_pool, v_pool)``; the pools are updated in place and returned as the
-    same objects. ``slots[t] < 0`` skips the pool write of token t, and a slot
+    positions and slots ``[T]`` (int32 or int64). Pools: ``[slots,
+    num_kv_heads, head_dim]``, or paged ``[pages, page_size, num_kv_heads,
+    head_dim]`` (``kv_layout="NHD"``) / ``[pages, num_kv_heads, page_size,
+    head_dim]`` (``"HND"``), where slot s is page s // page_size, offset s %
+    page_size; any strides but the last (one layer of a larger buffer, the k
+    and v halves of one combined cache). Pools of q's dtype, or
+    float8_e4m3fn / float8_e5m2 with ``k_scale`` and ``v_scale`` (float32 on
+    the device, one value or one per kv head): the pool stores ``x / scale``
+    rounded to nearest even and saturated; q_rot and k_rot stay unquantized.
+    Returns ``(q_rot, k_rot, k_pool, v_pool)``; the pools are updated in
+    place and returned as the same objects. ``slots[t] < 0`` skips the pool write of token t, and a slot
     ``>= pool_size`` is never written; ``check_slots=True`` (or
     ``ATTNPREP_CHECK_SLOTS=1`` in the environment when attnprep is imported)
     raises ``ValueError("slots must be < pool_size")`` instead, at the cost of
@@ -53,10 +63,10 @@ def rope_pool_fused(
     """
     check = _ops.CHECK_SLOTS_ENV if check_slots is None else bool(check_slots)
     args = (q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim,
-            is_neox, cos_sin_cache, check)
-    if direct(q, k, v, positions, slots, k_pool, v_pool, cos_sin_cache):
+            is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, check)
+    if direct(q, k, v, positions, slots, k_pool, v_pool, cos_sin_cache, k_scale, v_scale):
         if not check:
-            out = _C.rope_pool_fused(*args[:-1], inplace)
+            out = _C.rope_pool_fused(*args[:14], inplace, k_scale, v_scale, kv_layout)
         else:
             out = _ops.rope_run(_C.rope_pool_fused, inplace, *args)
         if out is not None:

@@ -119,3 +119,38 @@ def rope_error_ratio(got: Tensor, want: Tensor, x: Tensor, rotary_dim: int, is_n
         bound = torch.exp2(e - _MANTISSA[x.dtype]) + f32_err
     err = (got - want).abs()
     return (err / bound).max().item() if err.numel() else 0.0
+
+
+def quantize_reference(x: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """fp8 pool contents: ``x / scale`` in float32 (scale: one value or one per
+    head of ``x [T, H, D]``), rounded to nearest even, saturated to the
+    format's finite range (NaN stays NaN)."""
+    s = scale.float().reshape(-1)
+    y = x.float() / (s[None, :, None] if s.numel() > 1 else s)
+    fmax = torch.finfo(dtype).max
+    return y.clamp(-fmax, fmax).to(dtype)
+
+
+def pool_write_reference(pool: Tensor, rows: Tensor, slots: Tensor, kv_layout: str = "NHD",
+                         scale: Optional[Tensor] = None) -> Tensor:
+    """A copy of ``pool`` after the op writes ``rows [T, H, D]`` at ``slots``:
+    slot s of a paged pool is page s // page_size, offset s % page_size;
+    negative slots and slots past the pool are skipped; fp8 pools get
+    :func:`quantize_reference` of the rows."""
+    out = pool.clone()
+    if pool.dim() == 3:
+        page_size = 1
+    else:
+        page_size = pool.shape[1] if kv_layout == "NHD" else pool.shape[2]
+    n_slots = pool.shape[0] * page_size
+    s = slots.long()
+    ok = (s >= 0) & (s < n_slots)
+    values = rows[ok] if scale is None else quantize_reference(rows[ok], scale, pool.dtype)
+    s = s[ok]
+    if pool.dim() == 3:
+        out[s] = values
+    elif kv_layout == "NHD":
+        out[s // page_size, s % page_size] = values
+    else:
+        out[s // page_size, :, s % page_size] = values
+    return out

@@ -15,7 +15,7 @@ namespace {
 constexpr const char* kOp = "rope_pool_fused";
 
 struct Imported {
-  ImportedTensor q, k, v, positions, slots, k_pool, v_pool, cache;
+  ImportedTensor q, k, v, positions, slots, k_pool, v_pool, cache, k_scale, v_scale;
   core::RopePoolArgs args;
 };
 
@@ -26,12 +26,24 @@ struct Scalars {
   nb::handle head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace;
 };
 
+// The optional arguments of the KV formats: fp8 scales and the paged layout.
+struct KvFormat {
+  nb::handle k_scale, v_scale, kv_layout;
+};
+
+core::KvLayout layout_arg(nb::handle obj) {
+  if (!nb::isinstance<nb::str>(obj))
+    throw nb::type_error(("rope_pool_fused: kv_layout must be a str, got " +
+                          nb::cast<std::string>(obj.type().attr("__name__"))).c_str());
+  return core::parse_kv_layout(nb::cast<std::string>(obj));
+}
+
 using Import = ImportedTensor (*)(nb::handle, const char*);
 
 // Imports every argument; check_rope_pool(in.args) validates them.
 Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
                      nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
-                     nb::handle cos_sin_cache) {
+                     nb::handle cos_sin_cache, const KvFormat& kv) {
   Imported in;
   in.q = import(q, "q");
   in.k = import(k, "k");
@@ -61,13 +73,24 @@ Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb
   if (a.has_rotary_dim) a.rotary_dim = int_arg(sc.rotary_dim, kOp, "rotary_dim");
   a.is_neox = bool_arg(sc.is_neox, kOp, "is_neox");
   a.inplace = bool_arg(sc.inplace, kOp, "inplace");
+  if (!kv.k_scale.is_none()) {
+    in.k_scale = import(kv.k_scale, "k_scale");
+    a.has_k_scale = true;
+    a.k_scale = in.k_scale.arg;
+  }
+  if (!kv.v_scale.is_none()) {
+    in.v_scale = import(kv.v_scale, "v_scale");
+    a.has_v_scale = true;
+    a.v_scale = in.v_scale.arg;
+  }
+  a.kv_layout = layout_arg(kv.kv_layout);
   return in;
 }
 
 Imported import_and_check(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
                           nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
-                          nb::handle cos_sin_cache) {
-  Imported in = import_args(import, q, k, v, positions, slots, k_pool, v_pool, sc, cos_sin_cache);
+                          nb::handle cos_sin_cache, const KvFormat& kv) {
+  Imported in = import_args(import, q, k, v, positions, slots, k_pool, v_pool, sc, cos_sin_cache, kv);
   core::check_rope_pool(in.args);
   return in;
 }
@@ -80,10 +103,11 @@ Imported import_and_check(Import import, nb::handle q, nb::handle k, nb::handle 
 nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                            nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
                            nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
-                           nb::handle cos_sin_cache, nb::handle inplace) {
+                           nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale,
+                           nb::handle v_scale, nb::handle kv_layout) {
   Imported in = import_args(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
                             {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace},
-                            cos_sin_cache);
+                            cos_sin_cache, {k_scale, v_scale, kv_layout});
   const core::RopePoolArgs& a = in.args;
   if (a.q.device.type == core::DeviceType::MPS) return nb::none();
   core::check_rope_pool(a);
@@ -108,7 +132,9 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
 #if ATTNPREP_WITH_CUDA
   const cuda::RopePoolPointers ptrs{a.q.data,      a.k.data,        a.v.data,     qo.data,
                                     ko.data,       a.k_pool.data,   a.v_pool.data, a.positions.data,
-                                    a.slots.data,  a.has_cache ? a.cos_sin_cache.data : nullptr};
+                                    a.slots.data,  a.has_cache ? a.cos_sin_cache.data : nullptr,
+                                    a.has_k_scale ? static_cast<const float*>(a.k_scale.data) : nullptr,
+                                    a.has_v_scale ? static_cast<const float*>(a.v_scale.data) : nullptr};
 #endif
   ATTNPREP_RUN_CUDA("rope_pool_fused", a.q.device, stream, cuda::rope_pool(params, ptrs, a.q.dtype, stream));
   return result;
@@ -119,9 +145,11 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
 void rope_pool_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                      nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
                      nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
-                     nb::handle cos_sin_cache, nb::handle inplace, bool metadata_only) {
+                     nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale, nb::handle v_scale,
+                     nb::handle kv_layout, bool metadata_only) {
   import_and_check(metadata_only ? import_metadata : import_tensor, q, k, v, positions, slots, k_pool, v_pool,
-                   {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache);
+                   {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache,
+                   {k_scale, v_scale, kv_layout});
 }
 
 // The Metal dispatch (parameter block as bytes, threadgroups, threads per
@@ -130,11 +158,11 @@ void rope_pool_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positi
 nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                                nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
                                nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim,
-                               nb::handle is_neox, nb::handle cos_sin_cache, nb::handle inplace, nb::handle q_rot,
-                               nb::handle k_rot) {
+                               nb::handle is_neox, nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale,
+                               nb::handle v_scale, nb::handle kv_layout, nb::handle q_rot, nb::handle k_rot) {
   Imported in = import_and_check(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
                                  {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace},
-                                 cos_sin_cache);
+                                 cos_sin_cache, {k_scale, v_scale, kv_layout});
   const core::TensorArg qo = import_tensor(q_rot, "q_rot").arg, ko = import_tensor(k_rot, "k_rot").arg;
   const core::MetalDispatch d = core::plan_rope_pool_metal(in.args, qo, ko);
   return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(&d.params), sizeof(d.params)), d.threadgroups,
@@ -147,18 +175,21 @@ void init_rope_pool(nb::module_& m) {
   m.def("rope_pool_fused", &rope_pool_fused, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("positions").none(),
         nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(),
         nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
-        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(),
+        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
+        nb::arg("kv_layout").none(),
         "Fused RoPE on q and k plus KV-pool scatter; returns (q_rot, k_rot, k_pool, v_pool), or None after "
         "the checks for MPS tensors (dispatched through torch).");
   m.def("rope_pool_check", &rope_pool_check, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("positions").none(),
         nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(),
         nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
-        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("metadata_only") = false,
+        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
+        nb::arg("kv_layout").none(), nb::arg("metadata_only") = false,
         "Runs rope_pool_fused's checks only (ValueError on failure).");
   m.def("rope_pool_metal_plan", &rope_pool_metal_plan, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("positions").none(), nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(),
         nb::arg("num_qo_heads").none(), nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(),
-        nb::arg("is_neox").none(), nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("q_rot").none(),
+        nb::arg("is_neox").none(), nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
+        nb::arg("kv_layout").none(), nb::arg("q_rot").none(),
         nb::arg("k_rot").none(), "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
 }
 

@@ -11,15 +11,39 @@ namespace attnprep::core {
 namespace {
 
 bool is_float_type(DType d) { return d == DType::Float16 || d == DType::BFloat16 || d == DType::Float32; }
+bool is_fp8(DType d) { return d == DType::Float8E4M3FN || d == DType::Float8E5M2; }
+
+// The pool's head and head_dim sizes, by layout (checked: 3-D or 4-D).
+int64_t pool_heads(const TensorArg& p, KvLayout layout) {
+  return p.ndim == 3 ? p.size(1) : layout == KvLayout::NHD ? p.size(2) : p.size(1);
+}
 
 }  // namespace
+
+KvLayout parse_kv_layout(const std::string& name) {
+  if (name == "NHD") return KvLayout::NHD;
+  if (name == "HND") return KvLayout::HND;
+  throw ValueError("kv_layout must be \"NHD\" or \"HND\", got " + name);
+}
+
+PoolGeometry pool_geometry(const TensorArg& pool, KvLayout layout) {
+  if (pool.ndim == 3) return {pool.size(0), 1, pool.stride(0), 0, pool.stride(1)};
+  const bool nhd = layout == KvLayout::NHD;
+  const int64_t page_size = nhd ? pool.size(1) : pool.size(2);
+  return {pool.size(0) * page_size, page_size, pool.stride(0), nhd ? pool.stride(1) : pool.stride(2),
+          nhd ? pool.stride(2) : pool.stride(1)};
+}
+
+int32_t pool_fp8_kind(DType d) { return d == DType::Float8E4M3FN ? 1 : d == DType::Float8E5M2 ? 2 : 0; }
 
 void check_rope_pool(const RopePoolArgs& a) {
   const TensorArg &q = a.q, &k = a.k, &v = a.v;
   // Checks 1-11 of docs/contract.md: the original op's, in its order.
   require(q.ndim == 3 && k.ndim == 3 && v.ndim == 3, "rope_pool_fused expects q/k/v to be 3-D");
   require(a.positions.ndim == 1 && a.slots.ndim == 1, "rope_pool_fused expects positions/slots to be 1-D");
-  require(a.k_pool.ndim == 3 && a.v_pool.ndim == 3, "rope_pool_fused expects pool tensors to be 3-D");
+  // 4-D pools are paged (docs/contract.md); the documented text is the original op's
+  require((a.k_pool.ndim == 3 || a.k_pool.ndim == 4) && (a.v_pool.ndim == 3 || a.v_pool.ndim == 4),
+          "rope_pool_fused expects pool tensors to be 3-D");
   const int64_t T = q.size(0);
   if (!q.has_shape({T, a.num_qo_heads, a.head_dim}))
     throw ValueError("q shape must be [num_tokens, num_qo_heads, head_dim], got " + shape_str(q));
@@ -28,18 +52,23 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (!v.same_shape(k))
     throw ValueError("v shape must match k shape, got " + shape_str(v) + " vs " + shape_str(k));
   require(a.positions.size(0) == T && a.slots.size(0) == T, "positions/slots must have one entry per token");
-  if (a.k_pool.size(1) != a.num_kv_heads || a.k_pool.size(2) != a.head_dim)
+  if (pool_heads(a.k_pool, a.kv_layout) != a.num_kv_heads || a.k_pool.size(-1) != a.head_dim)
     throw ValueError("k_pool has incompatible shape " + shape_str(a.k_pool));
   if (!a.v_pool.same_shape(a.k_pool))
     throw ValueError("v_pool shape must match k_pool shape, got " + shape_str(a.v_pool) + " vs " +
                      shape_str(a.k_pool));
   require(q.dtype == k.dtype && q.dtype == v.dtype, "q/k/v dtypes must match");
-  require(a.k_pool.dtype == q.dtype && a.v_pool.dtype == q.dtype, "pool dtypes must match q/k/v dtype");
+  // fp8 pools (with their scales) are this library's addition to check 11
+  require((a.k_pool.dtype == q.dtype || is_fp8(a.k_pool.dtype)) && a.v_pool.dtype == a.k_pool.dtype,
+          "pool dtypes must match q/k/v dtype");
 
   // Checks 12 on: this library's own.
   const TensorArg* all[] = {&q, &k, &v, &a.positions, &a.slots, &a.k_pool, &a.v_pool};
   for (const TensorArg* t : all) require(t->device == q.device, "rope_pool_fused expects all tensors on one device");
-  if (a.has_cache) require(a.cos_sin_cache.device == q.device, "rope_pool_fused expects all tensors on one device");
+  const char* one_device = "rope_pool_fused expects all tensors on one device";
+  if (a.has_cache) require(a.cos_sin_cache.device == q.device, one_device);
+  if (a.has_k_scale) require(a.k_scale.device == q.device, one_device);
+  if (a.has_v_scale) require(a.v_scale.device == q.device, one_device);
   require(q.device.type == DeviceType::CUDA || q.device.type == DeviceType::MPS,
           "rope_pool_fused expects CUDA or MPS tensors");
   if (!is_float_type(q.dtype))
@@ -54,7 +83,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   require(is_index(a.positions.dtype) && is_index(a.slots.dtype),
           "rope_pool_fused expects int32 or int64 positions/slots");
   for (const TensorArg* t : {&q, &k, &v, &a.k_pool, &a.v_pool})
-    require(t->stride(2) == 1, "rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim");
+    require(t->stride(-1) == 1, "rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim");
   if (a.has_cache) {
     const TensorArg& c = a.cos_sin_cache;
     if (c.ndim != 2 || c.size(1) != rot)
@@ -71,21 +100,45 @@ void check_rope_pool(const RopePoolArgs& a) {
                      std::to_string(a.num_qo_heads + a.num_kv_heads));
   if (T > kRopeMaxTokens)
     throw ValueError("rope_pool_fused supports fewer than 2^31 tokens, got " + std::to_string(T));
+  if (a.k_pool.ndim == 4 && pool_geometry(a.k_pool, a.kv_layout).slots > kRopeMaxPagedSlots)
+    throw ValueError("rope_pool_fused supports paged pools of fewer than 2^32 slots, got " +
+                     std::to_string(pool_geometry(a.k_pool, a.kv_layout).slots));
 
   // What the kernel writes must not race with itself or with what it reads.
-  const TensorArg* reads[] = {&q, &k, &v, &a.positions, &a.slots, &a.cos_sin_cache};
-  const int nreads = a.has_cache ? 6 : 5;
+  const TensorArg* reads[8] = {&q, &k, &v, &a.positions, &a.slots};
+  int nreads = 5;
+  if (a.has_cache) reads[nreads++] = &a.cos_sin_cache;
+  if (a.has_k_scale) reads[nreads++] = &a.k_scale;
+  if (a.has_v_scale) reads[nreads++] = &a.v_scale;
   require(!has_internal_overlap(a.k_pool) && !has_internal_overlap(a.v_pool) && !may_overlap(a.k_pool, a.v_pool),
           "k_pool and v_pool must not overlap each other or themselves");
   for (int i = 0; i < nreads; ++i)
     require(!may_overlap(a.k_pool, *reads[i]) && !may_overlap(a.v_pool, *reads[i]),
-            "k_pool and v_pool must not overlap q, k, v, positions, slots or cos_sin_cache");
+            "k_pool and v_pool must not overlap q, k, v, positions, slots, cos_sin_cache or the scales");
   if (a.inplace) {
     bool ok = !has_internal_overlap(q) && !has_internal_overlap(k) && !may_overlap(q, k);
     for (int i = 2; i < nreads; ++i) ok = ok && !may_overlap(q, *reads[i]) && !may_overlap(k, *reads[i]);
-    require(ok, "with inplace=True, q and k must not overlap each other, themselves, v, positions, slots or "
-                "cos_sin_cache");
+    require(ok, "with inplace=True, q and k must not overlap each other, themselves, v, positions, slots, "
+                "cos_sin_cache or the scales");
   }
+
+  // fp8 pools and their scales.
+  const bool fp8 = is_fp8(a.k_pool.dtype);
+  require(!fp8 || (a.has_k_scale && a.has_v_scale), "fp8 pools need k_scale and v_scale");
+  if (!fp8 && (a.has_k_scale || a.has_v_scale))
+    throw ValueError(std::string("k_scale and v_scale apply to fp8 pools only, got ") + dtype_name(a.k_pool.dtype) +
+                     " pools");
+  for (const TensorArg* sc : {&a.k_scale, &a.v_scale}) {
+    if (!fp8) break;
+    if (sc->dtype != DType::Float32)
+      throw ValueError(std::string("k_scale and v_scale must be float32, got ") + dtype_name(sc->dtype));
+    const bool one = sc->ndim == 0 || (sc->ndim == 1 && sc->size(0) == 1);
+    const bool per_head = sc->ndim == 1 && sc->size(0) == a.num_kv_heads && (a.num_kv_heads <= 1 || sc->stride(0) == 1);
+    if (!one && !per_head)
+      throw ValueError("k_scale and v_scale must have shape [], [1] or [num_kv_heads] (contiguous), got " +
+                       shape_str(*sc));
+  }
+  require(!fp8 || q.device.type == DeviceType::CUDA, "fp8 pools are supported on CUDA only");
 }
 
 std::vector<float> rope_inv_freq(double base, int64_t rotary_dim) {
@@ -99,7 +152,9 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
                                      int vector_bytes) {
   RopePoolParams p{};
   p.num_tokens = a.q.size(0);
-  p.pool_size = a.k_pool.size(0);
+  const PoolGeometry kg = pool_geometry(a.k_pool, a.kv_layout), vg = pool_geometry(a.v_pool, a.kv_layout);
+  p.pool_size = kg.slots;
+  p.page_size = kg.page_size;
   p.q_stride_token = a.q.stride(0);
   p.q_stride_head = a.q.stride(1);
   p.k_stride_token = a.k.stride(0);
@@ -110,10 +165,15 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   p.qo_stride_head = q_rot.stride(1);
   p.ko_stride_token = k_rot.stride(0);
   p.ko_stride_head = k_rot.stride(1);
-  p.kp_stride_slot = a.k_pool.stride(0);
-  p.kp_stride_head = a.k_pool.stride(1);
-  p.vp_stride_slot = a.v_pool.stride(0);
-  p.vp_stride_head = a.v_pool.stride(1);
+  p.kp_stride_page = kg.stride_page;
+  p.kp_stride_offset = kg.stride_offset;
+  p.kp_stride_head = kg.stride_head;
+  p.vp_stride_page = vg.stride_page;
+  p.vp_stride_offset = vg.stride_offset;
+  p.vp_stride_head = vg.stride_head;
+  p.pool_fp8 = pool_fp8_kind(a.k_pool.dtype);
+  p.k_scale_per_head = a.has_k_scale && a.k_scale.ndim == 1 && a.k_scale.size(0) > 1 ? 1 : 0;
+  p.v_scale_per_head = a.has_v_scale && a.v_scale.ndim == 1 && a.v_scale.size(0) > 1 ? 1 : 0;
   p.num_qo_heads = static_cast<ap_i32>(a.num_qo_heads);
   p.num_kv_heads = static_cast<ap_i32>(a.num_kv_heads);
   p.head_dim = static_cast<ap_i32>(a.head_dim);
@@ -139,15 +199,17 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   const int64_t half = a.rot() / 2;
   if (a.is_neox ? half % w != 0 : a.rot() % w != 0) vec = false;
   if (a.head_dim % w != 0) vec = false;
-  const TensorArg* tensors[] = {&a.q, &a.k, &a.v, &q_rot, &k_rot, &a.k_pool, &a.v_pool};
-  for (const TensorArg* t : tensors) {
-    if (reinterpret_cast<uintptr_t>(t->data) % vector_bytes != 0) vec = false;
-    if ((t->stride(0) * es) % vector_bytes != 0 || (t->stride(1) * es) % vector_bytes != 0) {
-      // a stride only matters when its dimension has more than one index
-      if (t->size(0) > 1 && (t->stride(0) * es) % vector_bytes != 0) vec = false;
-      if (t->size(1) > 1 && (t->stride(1) * es) % vector_bytes != 0) vec = false;
-    }
-  }
+  // Every address a vector touches must be aligned to its size: 16 bytes in
+  // q, k, v and the outputs, w pool elements in the pools (w bytes in fp8).
+  // A stride only matters when its dimension has more than one index.
+  const auto aligned = [&](const TensorArg& t, int64_t bytes) {
+    if (reinterpret_cast<uintptr_t>(t.data) % bytes != 0) return false;
+    for (int d = 0; d + 1 < t.ndim; ++d)
+      if (t.size(d) > 1 && (t.stride(d) * t.itemsize) % bytes != 0) return false;
+    return true;
+  };
+  for (const TensorArg* t : {&a.q, &a.k, &a.v, &q_rot, &k_rot}) vec = vec && aligned(*t, vector_bytes);
+  for (const TensorArg* t : {&a.k_pool, &a.v_pool}) vec = vec && aligned(*t, w * t->itemsize);
   p.width = static_cast<ap_i32>(vec ? w : 1);
   // Items of a q/k head: rotated groups (NeoX: `width` pairs from the two
   // halves; GPT-J: width/2 adjacent pairs, at least one) + passed-through groups.

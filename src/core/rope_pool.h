@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/rope_pool_params.h"
@@ -11,10 +12,20 @@
 
 namespace attnprep::core {
 
+// Paged pools: [pages, page_size, kv_heads, head_dim] (NHD) or [pages,
+// kv_heads, page_size, head_dim] (HND); a 3-D pool is [slots, kv_heads,
+// head_dim] whatever the layout.
+enum class KvLayout : int32_t { NHD, HND };
+// "NHD" or "HND"; anything else raises the documented ValueError.
+KvLayout parse_kv_layout(const std::string& name);
+
 struct RopePoolArgs {
   TensorArg q, k, v, positions, slots, k_pool, v_pool;
   bool has_cache = false;
   TensorArg cos_sin_cache;      // [max_position, rotary_dim], float32 or bfloat16
+  bool has_k_scale = false, has_v_scale = false;
+  TensorArg k_scale, v_scale;   // fp8 pools: float32, [] / [1] / [num_kv_heads]
+  KvLayout kv_layout = KvLayout::NHD;
   int64_t head_dim = 0, num_qo_heads = 0, num_kv_heads = 0;
   double rope_base = 10000.0;
   bool has_rotary_dim = false;  // false: rotary_dim is head_dim
@@ -33,9 +44,20 @@ struct RopePoolArgs {
 // on the grid's x dimension: these bounds are checked before any launch.
 constexpr int64_t kRopeMaxHeads = 65536;            // num_qo_heads + num_kv_heads
 constexpr int64_t kRopeMaxTokens = (int64_t{1} << 31) - 1;
+constexpr int64_t kRopeMaxPagedSlots = (int64_t{1} << 32) - 1;  // slot -> page is a 32-bit division
 
 // All checks, in the documented order; throws ValueError.
 void check_rope_pool(const RopePoolArgs& a);
+
+// Where a slot's pool row lives, for checked arguments: slot s is page
+// s / page_size, offset s % page_size; strides in elements.
+struct PoolGeometry {
+  int64_t slots, page_size, stride_page, stride_offset, stride_head;
+};
+PoolGeometry pool_geometry(const TensorArg& pool, KvLayout layout);
+
+// 0: the pools hold q's dtype; 1: float8_e4m3fn; 2: float8_e5m2.
+int32_t pool_fp8_kind(DType pool_dtype);
 
 // float32(1 / base^(2i / rotary_dim)) for i < rotary_dim / 2, computed in
 // double precision and rounded once, as docs/contract.md defines it.

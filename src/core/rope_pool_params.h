@@ -18,17 +18,20 @@ typedef int32_t ap_i32;
 #define ATTNPREP_ROPE_MAX_HALF 256  // rotary_dim / 2 at most (head_dim <= 512)
 
 // Strides are in elements. "qo"/"ko" are the outputs q_rot/k_rot (equal to q/k
-// when inplace).
+// when inplace). A pool row lives at page * stride_page + offset *
+// stride_offset + head * stride_head, for slot = page * page_size + offset (a
+// flat [slots, heads, D] pool is page_size 1, stride_offset 0).
 struct RopePoolParams {
   ap_i64 num_tokens;
-  ap_i64 pool_size;
+  ap_i64 pool_size;           // slots: pages * page_size
+  ap_i64 page_size;
   ap_i64 q_stride_token, q_stride_head;
   ap_i64 k_stride_token, k_stride_head;
   ap_i64 v_stride_token, v_stride_head;
   ap_i64 qo_stride_token, qo_stride_head;
   ap_i64 ko_stride_token, ko_stride_head;
-  ap_i64 kp_stride_slot, kp_stride_head;
-  ap_i64 vp_stride_slot, vp_stride_head;
+  ap_i64 kp_stride_page, kp_stride_offset, kp_stride_head;
+  ap_i64 vp_stride_page, vp_stride_offset, vp_stride_head;
   ap_i64 cache_stride;        // elements between rows of cos_sin_cache
   ap_i64 cache_len;           // rows of cos_sin_cache (max_position)
   ap_i32 num_qo_heads, num_kv_heads;
@@ -41,13 +44,18 @@ struct RopePoolParams {
   ap_i32 qk_items_per_head;   // work items of one q or k head (rotated + passed through)
   ap_i32 v_items_per_head;    // work items of one v head (copied): groups j and j + head_dim / (2 width)
                               // when head_dim / width is even (then this is half of it), else one group
+  ap_i32 pool_fp8;            // pools: 0 q's dtype, 1 float8_e4m3fn, 2 float8_e5m2 (stored x / scale)
+  ap_i32 k_scale_per_head;    // fp8: 1 k_scale has one entry per kv head, 0 one for all
+  ap_i32 v_scale_per_head;
+  ap_i32 reserved;
   float inv_freq[ATTNPREP_ROPE_MAX_HALF];  // float32(1 / base^(2i / rotary_dim)), used when !use_cache
 };
 
 #if !defined(__METAL_VERSION__)
-static_assert(sizeof(RopePoolParams) == 18 * 8 + 12 * 4 + ATTNPREP_ROPE_MAX_HALF * 4,
+static_assert(sizeof(RopePoolParams) == 21 * 8 + 16 * 4 + ATTNPREP_ROPE_MAX_HALF * 4,
               "RopePoolParams layout must match the Metal side");
-static_assert(offsetof(RopePoolParams, num_qo_heads) == 144, "layout");
-static_assert(offsetof(RopePoolParams, width) == 180, "layout");
-static_assert(offsetof(RopePoolParams, inv_freq) == 192, "layout");
+static_assert(offsetof(RopePoolParams, num_qo_heads) == 168, "layout");
+static_assert(offsetof(RopePoolParams, width) == 204, "layout");
+static_assert(offsetof(RopePoolParams, pool_fp8) == 216, "layout");
+static_assert(offsetof(RopePoolParams, inv_freq) == 232, "layout");
 #endif

@@ -1,7 +1,9 @@
 // float16 / bfloat16 <-> float conversions on the host (round to nearest
-// even), for the CPU references, the Metal emulation and the tests.
+// even), float -> float8 as the fp8 pools store (nearest even, saturated),
+// for the CPU references, the Metal emulation and the tests.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -54,6 +56,36 @@ inline uint16_t float_to_half(float f) {
   uint32_t r = a - 0x38000000u;                             // rebias exponent 127 -> 15
   r += 0xfffu + ((r >> 13) & 1u);
   return sign | static_cast<uint16_t>(r >> 13);
+}
+
+// float8 formats of the KV pools: 1 = e4m3fn (bias 7, no infinities, largest
+// finite 448), 2 = e5m2 (bias 15, largest finite 57344). Nearest, ties to an
+// even mantissa; magnitudes past the largest finite value (infinities too)
+// saturate to it; NaN stays NaN.
+inline uint8_t float_to_fp8(float x, int kind) {
+  const int mbits = kind == 1 ? 3 : 2, bias = kind == 1 ? 7 : 15;
+  const uint8_t max_code = kind == 1 ? 0x7e : 0x7b, nan_code = kind == 1 ? 0x7f : 0x7f;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  if (std::isnan(x)) return sign | nan_code;
+  const double a = std::fabs(static_cast<double>(x));
+  if (a == 0) return sign;
+  const int emin = 1 - bias;
+  int e = std::isinf(a) ? 64 : static_cast<int>(std::floor(std::log2(a)));
+  if (std::ldexp(1.0, e) > a) --e;  // log2 rounding at powers of two
+  if (std::ldexp(1.0, e + 1) <= a) ++e;
+  uint32_t code;
+  if (e < emin) {  // subnormal: multiples of 2^(emin - mbits)
+    code = static_cast<uint32_t>(std::nearbyint(std::ldexp(a, mbits - emin)));
+  } else {
+    double m = std::nearbyint(std::ldexp(a, mbits - e));  // in [2^mbits, 2^(mbits+1)]
+    if (m == std::ldexp(1.0, mbits + 1)) {
+      m /= 2;
+      ++e;
+    }
+    const uint32_t biased = static_cast<uint32_t>(e + bias);
+    code = biased > 0x1fu ? 0xffu : (biased << mbits) | (static_cast<uint32_t>(m) - (1u << mbits));
+  }
+  return sign | static_cast<uint8_t>(code > max_code ? max_code : code);
 }
 
 }  // namespace attnprep::cpu

@@ -59,7 +59,8 @@ RopePoolReference rope_pool_reference(const core::RopePoolArgs& a) {
   r.q_rot.resize(static_cast<size_t>(T * hq * D));
   r.k_rot.resize(static_cast<size_t>(T * hkv * D));
   r.pos_ok.assign(static_cast<size_t>(T), true);
-  r.pool_writer.assign(static_cast<size_t>(a.k_pool.size(0)), -1);
+  const int64_t slots = core::pool_geometry(a.k_pool, a.kv_layout).slots;
+  r.pool_writer.assign(static_cast<size_t>(slots), -1);
   const std::vector<float> inv_freq = core::rope_inv_freq(a.rope_base, rot);
   std::vector<double> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
 
@@ -94,7 +95,7 @@ RopePoolReference rope_pool_reference(const core::RopePoolArgs& a) {
     rotate(a.q, hq, r.q_rot);
     rotate(a.k, hkv, r.k_rot);
     const int64_t slot = read_index(a.slots, t);
-    if (ok && slot >= 0 && slot < a.k_pool.size(0)) r.pool_writer[static_cast<size_t>(slot)] = t;
+    if (ok && slot >= 0 && slot < slots) r.pool_writer[static_cast<size_t>(slot)] = t;
   }
   return r;
 }

@@ -14,7 +14,7 @@ struct RopePoolReference {
   std::vector<double> q_rot;  // [T, num_qo_heads, head_dim], contiguous
   std::vector<double> k_rot;  // [T, num_kv_heads, head_dim], contiguous
   std::vector<bool> pos_ok;   // per token: false when a cos_sin_cache row was out of range (outputs NaN)
-  std::vector<int64_t> pool_writer;  // per slot: the token that writes it, or -1
+  std::vector<int64_t> pool_writer;  // per slot (pages * page_size of a paged pool): the token that writes it, or -1
 };
 
 // Reads the host tensors of checked arguments (float16/bfloat16/float32).

@@ -2,7 +2,8 @@
 // one): it computes the token's cos/sin table (rotary_dim / 2 entries, shared
 // by every head) into shared memory, then its threads walk the token's work
 // items: rotate each q and k head, store q_rot/k_rot, and scatter the rotated
-// k and the raw v into the pools when the token's slot is in [0, pool_size).
+// k and the raw v into the pools (paged or flat, in q's dtype or fp8) when the
+// token's slot is in [0, pool_size).
 #include "cuda/rope_pool.h"
 
 #include "core/angle_sincos.h"
@@ -11,6 +12,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -51,6 +53,29 @@ struct Group {
     }
   }
 };
+
+// N elements of a group, each x / scale rounded to nearest even and saturated
+// to the format's finite range, stored as N bytes (one access when N > 1:
+// the plan aligns fp8 pool rows to the group size).
+template <typename T, int N>
+__device__ __forceinline__ void store_fp8(const Group<T, N>& g, unsigned char* dst, float scale, int kind) {
+  const __nv_fp8_interpretation_t fmt = kind == 1 ? __NV_E4M3 : __NV_E5M2;
+  // packed in registers, four bytes to a word (a local byte array would go to the stack)
+  uint32_t word[(N + 3) / 4] = {};
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const uint32_t b = __nv_cvt_float_to_fp8(__fdiv_rn(to_float(g.e[i]), scale), __NV_SATFINITE, fmt);
+    word[i / 4] |= b << (8 * (i % 4));
+  }
+  if constexpr (N == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(word[0], word[1]);
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<uint32_t*>(dst) = word[0];
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = static_cast<unsigned char>(word[i / 4] >> (8 * (i % 4)));
+  }
+}
 
 __device__ __forceinline__ int64_t read_index(const void* p, int64_t i, int is64) {
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
@@ -136,6 +161,8 @@ struct Item {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + lo_off));
     if (two) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + hi_off));
   }
+  // kFp8: the pools are float8 (stored x / scale); otherwise T.
+  template <bool kFp8>
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr, const float2* cs,
                                          int64_t slot, bool write_pool) {
     if (kind == kNeox) {
@@ -154,10 +181,26 @@ struct Item {
       if (two) hi.store(dst + hi_off);
     }
     if (write_pool && !is_q) {
-      T* pool = is_v ? static_cast<T*>(ptr.v_pool) + slot * p.vp_stride_slot + head * p.vp_stride_head
-                     : static_cast<T*>(ptr.k_pool) + slot * p.kp_stride_slot + head * p.kp_stride_head;
-      lo.store(pool + lo_off);
-      if (two) hi.store(pool + hi_off);
+      // slot -> (page, offset): a 32-bit division (a 64-bit one is a
+      // stack-using call), as paged pools have fewer than 2^32 slots (checked);
+      // recomputed per item rather than held, which would cost registers
+      const int64_t page = p.page_size == 1 ? slot
+                                            : static_cast<int64_t>(static_cast<uint32_t>(slot) /
+                                                                   static_cast<uint32_t>(p.page_size));
+      const int64_t offset = slot - page * p.page_size;
+      const int64_t row = is_v ? page * p.vp_stride_page + offset * p.vp_stride_offset + head * p.vp_stride_head
+                               : page * p.kp_stride_page + offset * p.kp_stride_offset + head * p.kp_stride_head;
+      if constexpr (!kFp8) {
+        T* pool = static_cast<T*>(is_v ? ptr.v_pool : ptr.k_pool) + row;
+        lo.store(pool + lo_off);
+        if (two) hi.store(pool + hi_off);
+      } else {
+        unsigned char* pool = static_cast<unsigned char*>(is_v ? ptr.v_pool : ptr.k_pool) + row;
+        const float scale = is_v ? ptr.v_scale[p.v_scale_per_head ? head : 0]
+                                 : ptr.k_scale[p.k_scale_per_head ? head : 0];
+        store_fp8(lo, pool + lo_off, scale, p.pool_fp8);
+        if (two) store_fp8(hi, pool + hi_off, scale, p.pool_fp8);
+      }
     }
   }
 
@@ -210,8 +253,10 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 }
 
 // Block (t, s): token t, the s-th of gridDim.y slices of its work items.
-// kAhead: while on an item, ask L2 for the one kAhead rounds later.
-template <typename T, int W, int kAhead>
+// kAhead: while on an item, ask L2 for the one kAhead rounds later. kFp8: the
+// pools are float8 (a separate instantiation: the conversion's registers would
+// make the common case spill under the occupancy target).
+template <typename T, int W, int kAhead, bool kFp8>
 __global__ void __launch_bounds__(kThreads, Policy::min_blocks_per_sm)
     rope_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr) {
   __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
@@ -254,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, Policy::min_blocks_per_sm)
     cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? first_inv_freq : p.inv_freq[i]);
   __syncthreads();
   while (item < end) {
-    it.finish(p, ptr, cs, slot, write_pool);
+    it.template finish<kFp8>(p, ptr, cs, slot, write_pool);
     item += blockDim.x;
     if (item < end) {
       it.locate(p, ptr, t, item, n_qk);
@@ -264,19 +309,19 @@ __global__ void __launch_bounds__(kThreads, Policy::min_blocks_per_sm)
   }
 }
 
-template <typename T>
+template <typename T, bool kFp8>
 cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaStream_t stream) {
   const core::RopeCudaLaunch shape =
       core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(shape.splits));
   const dim3 block(shape.threads);
-  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, 0>, grid, block, stream, p, ptrs);
+  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8>, grid, block, stream, p, ptrs);
   constexpr int V = 16 / sizeof(T);
   // One round per block (small calls, split tokens): nothing to ask for
   // ahead, and the instantiation without the prefetch is leaner.
   if (shape.several_rounds)
-    return launch_kernel(rope_pool_kernel<T, V, Policy::prefetch_rounds_ahead>, grid, block, stream, p, ptrs);
-  return launch_kernel(rope_pool_kernel<T, V, 0>, grid, block, stream, p, ptrs);
+    return launch_kernel(rope_pool_kernel<T, V, Policy::prefetch_rounds_ahead, kFp8>, grid, block, stream, p, ptrs);
+  return launch_kernel(rope_pool_kernel<T, V, 0, kFp8>, grid, block, stream, p, ptrs);
 }
 
 }  // namespace
@@ -288,10 +333,12 @@ cudaError_t rope_pool(const RopePoolParams& params, const RopePoolPointers& ptrs
   // room for a block's last round past the token's end.
   if (params.num_tokens >= (int64_t{1} << 31) || core::rope_items_per_token(params) >= (int64_t{1} << 30))
     return cudaErrorInvalidConfiguration;
+  const bool fp8 = params.pool_fp8 != 0;
   switch (dtype) {
-    case core::DType::Float16: return launch<__half>(params, ptrs, stream);
-    case core::DType::BFloat16: return launch<__nv_bfloat16>(params, ptrs, stream);
-    case core::DType::Float32: return launch<float>(params, ptrs, stream);
+    case core::DType::Float16: return fp8 ? launch<__half, true>(params, ptrs, stream) : launch<__half, false>(params, ptrs, stream);
+    case core::DType::BFloat16:
+      return fp8 ? launch<__nv_bfloat16, true>(params, ptrs, stream) : launch<__nv_bfloat16, false>(params, ptrs, stream);
+    case core::DType::Float32: return fp8 ? launch<float, true>(params, ptrs, stream) : launch<float, false>(params, ptrs, stream);
     default: return cudaErrorInvalidValue;
   }
 }

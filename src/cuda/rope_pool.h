@@ -19,6 +19,8 @@ struct RopePoolPointers {
   const void* positions;
   const void* slots;
   const void* cos_sin_cache;  // null unless params.use_cache
+  const float* k_scale;       // fp8 pools: dequantization scales (stored = x / scale); else null
+  const float* v_scale;
 };
 
 // One launch for q, k and v; nothing when there are no tokens. `dtype` is

@@ -3,8 +3,8 @@
 // computes the token's cos/sin table (rotary_dim / 2 entries, shared by every
 // head) into threadgroup memory, then its threads walk the token's work: each
 // rotation pair of each q and k head, the pass-through elements of a partial
-// rotary, and the v elements; rotated k and raw v go to the pools when the
-// slot is in [0, pool_size).
+// rotary, and the v elements; rotated k and raw v go to the pools (flat or
+// paged, in q's dtype; fp8 pools are CUDA-only) when the slot is in [0, pool_size).
 //
 // Written in the subset of MSL that is also C++, so that tests/metal compiles
 // this unchanged file on Linux and runs it over its dispatch grid.
@@ -50,6 +50,11 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
   const long slot = rope_read_index(slots, t, p.slots_int64);
   const bool pos_ok = p.use_cache == 0 || (pos >= 0 && pos < p.cache_len);
   const bool write_pool = pos_ok && slot >= 0 && slot < p.pool_size;
+  // slot -> (page, offset) of a paged pool; a flat pool is pages of one slot
+  const long page = slot / p.page_size;
+  const long offset = slot - page * p.page_size;
+  const long k_row = page * p.kp_stride_page + offset * p.kp_stride_offset;
+  const long v_row = page * p.vp_stride_page + offset * p.vp_stride_offset;
 
   for (int i = int(lid); i < half_rot; i += int(nthreads)) {
     float c;
@@ -83,7 +88,7 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
       const long h = r / D;
       const long e = r - h * D;
       const float x = float(v[t * p.v_stride_token + h * p.v_stride_head + e]);
-      rope_store(v_pool, slot * p.vp_stride_slot + h * p.vp_stride_head + e, x);
+      rope_store(v_pool, v_row + h * p.vp_stride_head + e, x);
       continue;
     }
     long h = item / per_qk_head;
@@ -92,7 +97,7 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
     if (!is_q) h -= p.num_qo_heads;
     const long src = is_q ? t * p.q_stride_token + h * p.q_stride_head : t * p.k_stride_token + h * p.k_stride_head;
     const long dst = is_q ? t * p.qo_stride_token + h * p.qo_stride_head : t * p.ko_stride_token + h * p.ko_stride_head;
-    const long pool = slot * p.kp_stride_slot + h * p.kp_stride_head;
+    const long pool = k_row + h * p.kp_stride_head;
     device const T* in = is_q ? q : k;
     device T* out = is_q ? q_rot : k_rot;
     const bool to_pool = !is_q && write_pool;

@@ -1,8 +1,14 @@
 // Core utilities: shape rendering, dtype names, contiguity, fast division.
 #include <random>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
 #include "check.h"
 #include "core/fast_divmod.h"
+#include "cpu/float_bits.h"
 #include "core/tensor.h"
 #include "tensor_builder.h"
 
@@ -42,6 +48,67 @@ TEST_CASE("FastDivmod equals integer division below 2^31") {
     const uint32_t top = 0x7fffffffu;
     CHECK_EQ(f.div(top), top / d);
   }
+}
+
+namespace {
+// The finite values of an fp8 format, built from its definition alone: code
+// -> value for every positive code that is not NaN or infinite.
+struct Fp8Table {
+  std::vector<double> value;
+  std::vector<uint8_t> code;
+  Fp8Table(int mbits, int bias, int max_code) {
+    for (int c = 0; c <= max_code; ++c) {
+      const int exp = c >> mbits, man = c & ((1 << mbits) - 1);
+      value.push_back(exp == 0 ? std::ldexp(man, 1 - bias - mbits) : std::ldexp((1 << mbits) + man, exp - bias - mbits));
+      code.push_back(static_cast<uint8_t>(c));
+    }
+  }
+  // nearest value, ties to the even code; past the largest, the largest
+  uint8_t expect(double a) const {
+    if (a >= value.back()) return code.back();
+    const size_t hi = static_cast<size_t>(std::upper_bound(value.begin(), value.end(), a) - value.begin());
+    const size_t lo = hi - 1;
+    const double dl = a - value[lo], dh = value[hi] - a;
+    if (dl < dh) return code[lo];
+    if (dh < dl) return code[hi];
+    return code[lo] % 2 == 0 ? code[lo] : code[hi];
+  }
+};
+}  // namespace
+
+TEST_CASE("float -> fp8: nearest even, saturated, against a table built from the formats' definitions") {
+  const Fp8Table e4m3(3, 7, 0x7e), e5m2(2, 15, 0x7b);
+  // Every float32 whose low ten mantissa bits are one of these: every rounding
+  // boundary of both formats (they need at most four mantissa bits) and the
+  // floats either side of it, at every exponent, both signs.
+  const uint32_t lows[] = {0x000, 0x001, 0x1ff, 0x200, 0x201, 0x3fe, 0x3ff};
+  int64_t checked = 0;
+  for (uint32_t hi = 0; hi < (1u << 22); ++hi) {  // sign, exponent and the top 13 mantissa bits
+    for (uint32_t low : lows) {
+      const uint32_t bits = (hi << 10) | low;
+      float x;
+      std::memcpy(&x, &bits, 4);
+      if (std::isnan(x)) continue;
+      const double a = std::fabs(static_cast<double>(x));
+      const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+      for (int kind : {1, 2}) {
+        const Fp8Table& t = kind == 1 ? e4m3 : e5m2;
+        const uint8_t want = sign | t.expect(a), got = attnprep::cpu::float_to_fp8(x, kind);
+        if (got != want) {
+          test::fail(__FILE__, __LINE__, "fp8 kind " + std::to_string(kind) + " of bits " + std::to_string(bits) +
+                                             ": got " + std::to_string(got) + ", want " + std::to_string(want));
+          return;
+        }
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked > 50000000);
+  CHECK_EQ(attnprep::cpu::float_to_fp8(std::nanf(""), 1) & 0x7f, 0x7f);
+  CHECK_EQ(attnprep::cpu::float_to_fp8(INFINITY, 1), uint8_t{0x7e});   // saturated, not NaN
+  CHECK_EQ(attnprep::cpu::float_to_fp8(-INFINITY, 2), uint8_t{0xfb});
+  CHECK_EQ(attnprep::cpu::float_to_fp8(464.0f, 1), uint8_t{0x7e});     // past 448: saturates
+  CHECK_EQ(attnprep::cpu::float_to_fp8(1.0f, 1), uint8_t{0x38});
 }
 
 TEST_MAIN()

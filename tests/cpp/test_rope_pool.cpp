@@ -113,13 +113,13 @@ TEST_CASE("checks 23-27: kernel limits and memory overlap, after every earlier c
           "k_pool and v_pool must not overlap each other or themselves");
   REJECTS(a.v_pool.data = static_cast<unsigned char*>(a.k_pool.data) + 2 * 64,
           "k_pool and v_pool must not overlap each other or themselves");
-  const char* vs_inputs = "k_pool and v_pool must not overlap q, k, v, positions, slots or cos_sin_cache";
+  const char* vs_inputs = "k_pool and v_pool must not overlap q, k, v, positions, slots, cos_sin_cache or the scales";
   REJECTS(a.k_pool.data = a.q.data, vs_inputs);
   REJECTS(a.v_pool.data = a.slots.data, vs_inputs);
   REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 64}, DType::Float32); a.k_pool.data = a.cos_sin_cache.data,
           vs_inputs);
-  const char* inplace = "with inplace=True, q and k must not overlap each other, themselves, v, positions, slots or "
-                        "cos_sin_cache";
+  const char* inplace = "with inplace=True, q and k must not overlap each other, themselves, v, positions, slots, "
+                        "cos_sin_cache or the scales";
   REJECTS(a.inplace = true; a.k.data = a.q.data, inplace);
   REJECTS(a.inplace = true; a.q = make({4, 8, 64}, DType::BFloat16, cuda0, {0, 64, 1}), inplace);
   REJECTS(a.inplace = true; a.v.data = a.k.data, inplace);
@@ -140,6 +140,108 @@ TEST_CASE("checks 23-27: kernel limits and memory overlap, after every earlier c
   fused.v_pool = fused.k_pool;
   fused.v_pool.data = static_cast<unsigned char*>(fused.k_pool.data) + 2 * 128;
   check_rope_pool(fused);
+}
+
+TEST_CASE("KV formats: paged NHD/HND geometry, fp8 pools and scales, in the documented order") {
+  // paged pools pass check 3 and are shaped by their layout in check 8
+  RopePoolArgs nhd = args();
+  nhd.k_pool = make({4, 16, 2, 64});
+  nhd.v_pool = make({4, 16, 2, 64});
+  check_rope_pool(nhd);
+  PoolGeometry g = pool_geometry(nhd.k_pool, KvLayout::NHD);
+  CHECK_EQ(g.slots, int64_t{64});
+  CHECK_EQ(g.page_size, int64_t{16});
+  CHECK_EQ(g.stride_page, int64_t{16 * 128});
+  CHECK_EQ(g.stride_offset, int64_t{128});
+  CHECK_EQ(g.stride_head, int64_t{64});
+  RopePoolArgs hnd = nhd;
+  hnd.kv_layout = KvLayout::HND;
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(hnd), "k_pool has incompatible shape torch.Size([4, 16, 2, 64])");
+  hnd.k_pool = make({4, 2, 16, 64});
+  hnd.v_pool = make({4, 2, 16, 64});
+  check_rope_pool(hnd);
+  g = pool_geometry(hnd.k_pool, KvLayout::HND);
+  CHECK_EQ(g.stride_offset, int64_t{64});
+  CHECK_EQ(g.stride_head, int64_t{16 * 64});
+  const RopePoolParams ph = make_rope_pool_params(hnd, hnd.q, hnd.k);
+  CHECK_EQ(ph.pool_size, int64_t{64});
+  CHECK_EQ(ph.page_size, int64_t{16});
+  CHECK_EQ(ph.vp_stride_offset, int64_t{64});
+  // a flat pool is pages of one slot
+  const RopePoolParams pf = make_rope_pool_params(args(), args().q, args().k);
+  CHECK_EQ(pf.page_size, int64_t{1});
+  CHECK_EQ(pf.kp_stride_offset, int64_t{0});
+  // the k and v halves of one combined [pages, 2, page, heads, D] buffer
+  RopePoolArgs combined = args();
+  combined.k_pool = make({4, 16, 2, 64}, DType::BFloat16, cuda0, {2 * 16 * 128, 128, 64, 1});
+  combined.v_pool = combined.k_pool;
+  combined.v_pool.data = static_cast<unsigned char*>(combined.k_pool.data) + 2 * 16 * 128;
+  check_rope_pool(combined);
+  CHECK_EQ(make_rope_pool_params(combined, combined.q, combined.k).width, 8);
+  REJECTS(a.k_pool = make({4, 16, 2, 64}), "v_pool shape must match k_pool shape, got torch.Size([16, 2, 64]) vs "
+                                           "torch.Size([4, 16, 2, 64])");
+  REJECTS(a.k_pool = make({4, 16, 2, 64}); a.v_pool = make({4, 8, 2, 64}),
+          "v_pool shape must match k_pool shape, got torch.Size([4, 8, 2, 64]) vs torch.Size([4, 16, 2, 64])");
+  REJECTS(a.k_pool = make({4, 16, 3, 64}); a.v_pool = make({4, 16, 3, 64}),
+          "k_pool has incompatible shape torch.Size([4, 16, 3, 64])");
+  REJECTS(a.k_pool = make({4, 16, 2, 64, 1}); a.v_pool = a.k_pool, "rope_pool_fused expects pool tensors to be 3-D");
+  REJECTS(a.k_pool = make({int64_t{1} << 22, 1024, 2, 64}, DType::BFloat16, cuda0, {0, 0, 0, 1});
+          a.v_pool = make({int64_t{1} << 22, 1024, 2, 64}, DType::BFloat16, cuda0, {0, 0, 0, 1}),
+          "rope_pool_fused supports paged pools of fewer than 2^32 slots, got 4294967296");
+  CHECK_EQ(static_cast<int>(parse_kv_layout("HND")), static_cast<int>(KvLayout::HND));
+  CHECK_THROWS_MSG(ValueError, parse_kv_layout("nhd"), "kv_layout must be \"NHD\" or \"HND\", got nhd");
+
+  // fp8 pools: q's dtype or fp8 (both pools alike), with float32 scales
+  auto fp8 = [](DType pool_dtype) {
+    RopePoolArgs a = args();
+    a.k_pool = make({16, 2, 64}, pool_dtype);
+    a.v_pool = make({16, 2, 64}, pool_dtype);
+    a.has_k_scale = a.has_v_scale = true;
+    a.k_scale = make({}, DType::Float32);
+    a.v_scale = make({2}, DType::Float32);
+    return a;
+  };
+  check_rope_pool(fp8(DType::Float8E4M3FN));
+  const RopePoolParams p8 = make_rope_pool_params(fp8(DType::Float8E5M2), args().q, args().k);
+  CHECK_EQ(p8.pool_fp8, 2);
+  CHECK_EQ(p8.k_scale_per_head, 0);
+  CHECK_EQ(p8.v_scale_per_head, 1);
+  CHECK_EQ(p8.width, 8);  // 8-byte fp8 groups
+  RopePoolArgs mixed = fp8(DType::Float8E4M3FN);
+  mixed.v_pool = make({16, 2, 64}, DType::Float8E5M2);
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(mixed), "pool dtypes must match q/k/v dtype");
+  RopePoolArgs no_scale = fp8(DType::Float8E4M3FN);
+  no_scale.has_v_scale = false;
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(no_scale), "fp8 pools need k_scale and v_scale");
+  RopePoolArgs stray = args();
+  stray.has_k_scale = true;
+  stray.k_scale = make({}, DType::Float32);
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(stray), "k_scale and v_scale apply to fp8 pools only, got torch.bfloat16 pools");
+  RopePoolArgs f16 = fp8(DType::Float8E4M3FN);
+  f16.k_scale = make({}, DType::Float16);
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(f16), "k_scale and v_scale must be float32, got torch.float16");
+  RopePoolArgs shape = fp8(DType::Float8E4M3FN);
+  shape.v_scale = make({3}, DType::Float32);
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(shape),
+                   "k_scale and v_scale must have shape [], [1] or [num_kv_heads] (contiguous), got torch.Size([3])");
+  shape.v_scale = make({2}, DType::Float32, cuda0, {2});
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(shape),
+                   "k_scale and v_scale must have shape [], [1] or [num_kv_heads] (contiguous), got torch.Size([2])");
+  RopePoolArgs dev = fp8(DType::Float8E4M3FN);
+  dev.k_scale = make({}, DType::Float32, cpu);
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(dev), "rope_pool_fused expects all tensors on one device");
+  RopePoolArgs on_mps = args(DType::BFloat16, mps);
+  on_mps.k_pool = make({16, 2, 64}, DType::Float8E4M3FN, mps);
+  on_mps.v_pool = make({16, 2, 64}, DType::Float8E4M3FN, mps);
+  on_mps.has_k_scale = on_mps.has_v_scale = true;
+  on_mps.k_scale = on_mps.v_scale = make({}, DType::Float32, mps);
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(on_mps), "fp8 pools are supported on CUDA only");
+  // an fp8 pool row of bf16 groups needs 8-byte alignment, not 16
+  RopePoolArgs odd = fp8(DType::Float8E4M3FN);
+  odd.k_pool.data = static_cast<unsigned char*>(odd.k_pool.data) + 8;
+  CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).width, 8);
+  odd.k_pool.data = static_cast<unsigned char*>(odd.k_pool.data) + 4;
+  CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).width, 1);
 }
 
 TEST_CASE("inv_freq is 1 / base^(2i/rot) rounded once to float32") {
@@ -174,7 +276,7 @@ TEST_CASE("params: 16-byte groups when everything allows, one element otherwise"
   CHECK_EQ(make_rope_pool_params(c, c.q, c.k).width, 4);
   c.k_pool = make({16, 2, 64}, DType::Float32, cuda0, {129, 64, 1});  // row stride of 129 floats
   CHECK_EQ(make_rope_pool_params(c, c.q, c.k).width, 1);
-  CHECK_EQ(make_rope_pool_params(c, c.q, c.k).kp_stride_slot, 129);
+  CHECK_EQ(make_rope_pool_params(c, c.q, c.k).kp_stride_page, 129);
   CHECK_EQ(make_rope_pool_params(args(), args().q, args().k).inv_freq[0], 1.0f);
 }
 

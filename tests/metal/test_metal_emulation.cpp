@@ -84,6 +84,8 @@ struct Case {
   DType dtype = DType::BFloat16;
   int64_t T = 17, hq = 8, hkv = 2, D = 64, rot = -1, pool = 40, pool_pad = 0;
   bool neox = true, cache = false, cache_bf16 = false, inplace = false, duplicate_slot = false;
+  int64_t page_size = 0;  // 0: a flat pool; else paged, `pool` slots in pages of this many
+  bool hnd = false;       // paged layout: [pages, heads, page, D] instead of [pages, page, heads, D]
   int64_t pad_groups = 0;
   int threads = 32;
 };
@@ -114,8 +116,23 @@ void run_case(const Case& c, uint32_t seed) {
   const int64_t prow = c.hkv * c.D + c.pool_pad;
   // slots up to pool + T occur: a guard of that many rows catches any store past the pool
   const size_t guard = static_cast<size_t>((c.T + 8) * prow);
-  kp.make({c.pool, c.hkv, c.D}, dt, seed + 3, {prow, c.D, 1}, guard);
-  vp.make({c.pool, c.hkv, c.D}, dt, seed + 4, {prow, c.D, 1}, guard);
+  const int64_t P = c.page_size, pages = P ? c.pool / P : 0;
+  const int64_t page_stride = c.hnd ? c.hkv * P * c.D + c.pool_pad : P * prow;
+  // element offset of (slot, head, d) in a pool, by layout
+  auto pool_off = [&](int64_t slot, int64_t h, int64_t d) {
+    if (!P) return slot * prow + h * c.D + d;
+    const int64_t page = slot / P, o = slot % P;
+    return page * page_stride + (c.hnd ? h * P * c.D + o * c.D : o * prow + h * c.D) + d;
+  };
+  for (Buffer<E>* pool : {&kp, &vp}) {
+    const uint32_t s = seed + (pool == &kp ? 3 : 4);
+    if (!P)
+      pool->make({c.pool, c.hkv, c.D}, dt, s, {prow, c.D, 1}, guard);
+    else if (c.hnd)
+      pool->make({pages, c.hkv, P, c.D}, dt, s, {page_stride, P * c.D, c.D, 1}, guard);
+    else
+      pool->make({pages, P, c.hkv, c.D}, dt, s, {page_stride, prow, c.D, 1}, guard);
+  }
   qo.make({c.T, c.hq, c.D}, dt, seed + 5);
   ko.make({c.T, c.hkv, c.D}, dt, seed + 6);
 
@@ -131,6 +148,7 @@ void run_case(const Case& c, uint32_t seed) {
   if (c.rot >= 0) a.set_rotary_dim(c.rot);
   a.is_neox = c.neox;
   a.rope_base = 10000.0;
+  a.kv_layout = c.hnd ? core::KvLayout::HND : core::KvLayout::NHD;
   // positions int64, slots int32: some negative, some past the pool
   std::vector<int64_t> positions(static_cast<size_t>(c.T));
   std::vector<int32_t> slots(static_cast<size_t>(c.T));
@@ -194,7 +212,7 @@ void run_case(const Case& c, uint32_t seed) {
 
   const std::string what = std::string(core::dtype_name(dt)) + " T=" + std::to_string(c.T) + " D=" +
                            std::to_string(c.D) + " rot=" + std::to_string(rot) + (c.neox ? " neox" : " gptj") +
-                           (c.cache ? " cache" : "");
+                           (c.cache ? " cache" : "") + (P ? (c.hnd ? " HND page " : " NHD page ") + std::to_string(P) : "");
   // q_rot / k_rot against the reference
   auto compare = [&](const std::vector<double>& want, const Elem* got, const TensorArg& layout, const TensorArg& in_arg,
                      const test::HostBuffer& in_raw, int64_t heads) {
@@ -224,7 +242,7 @@ void run_case(const Case& c, uint32_t seed) {
     const int64_t tok = ref.pool_writer[static_cast<size_t>(s)];
     for (int64_t h = 0; h < c.hkv; ++h)
       for (int64_t d = 0; d < c.D; ++d) {
-        const int64_t off = s * prow + h * c.D + d;
+        const int64_t off = pool_off(s, h, d);
         if (tok < 0 || (c.duplicate_slot && s == 7)) {
           if (tok < 0) pools_ok &= !kp.written(off) && !vp.written(off);
           continue;
@@ -235,7 +253,7 @@ void run_case(const Case& c, uint32_t seed) {
                     static_cast<float>(kp.dev[static_cast<size_t>(off)]) == kr &&
                     static_cast<float>(vp.dev[static_cast<size_t>(off)]) == vv;
       }
-    for (int64_t e = c.hkv * c.D; e < prow && s + 1 < c.pool; ++e)  // the padding between rows: never written
+    for (int64_t e = c.hkv * c.D; !P && e < prow && s + 1 < c.pool; ++e)  // the padding between rows: never written
       pools_ok &= !kp.written(s * prow + e) && !vp.written(s * prow + e);
   }
   if (!pools_ok) test::fail(__FILE__, __LINE__, what + ": pool rows differ or were written outside the slots");
@@ -296,6 +314,22 @@ TEST_CASE("emulated Metal kernel: partial rotary, GPT-J, cos_sin_cache, inplace,
   run_case<half>(c, seed++);
 }
 
+TEST_CASE("emulated Metal kernel: paged pools, NHD and HND, pages of 1, 4 and 16 slots, padded pages") {
+  uint32_t seed = 300;
+  for (bool hnd : {false, true})
+    for (int64_t page : {int64_t{1}, int64_t{4}, int64_t{16}}) {
+      Case c;
+      c.page_size = page;
+      c.hnd = hnd;
+      c.pool = 48;  // whole pages; slots past it and negative ones still occur
+      c.pool_pad = page == 4 ? 40 : 0;
+      run_case<bfloat>(c, seed++);
+      c.dtype = DType::Float32;
+      c.T = 29;
+      run_case<float>(c, seed++);
+    }
+}
+
 TEST_CASE("emulated Metal kernel: padded grid, a group size of 64, duplicate slots are write conflicts") {
   uint32_t seed = 200;
   Case c;
@@ -328,8 +362,8 @@ TEST_CASE("the dispatcher's parameter block: strides, flags, table") {
   const auto d = core::plan_rope_pool_metal(a, a.q, a.k);
   CHECK_EQ(d.threadgroups, int64_t{4});
   CHECK_EQ(d.params.q_stride_token, int64_t{12 * 64});
-  CHECK_EQ(d.params.kp_stride_slot, int64_t{3 * 128});
-  CHECK_EQ(d.params.vp_stride_slot, int64_t{2 * 128});
+  CHECK_EQ(d.params.kp_stride_page, int64_t{3 * 128});
+  CHECK_EQ(d.params.vp_stride_page, int64_t{2 * 128});
   CHECK_EQ(d.params.pool_size, int64_t{9});
   CHECK_EQ(d.params.positions_int64, 0);
   CHECK_EQ(d.params.slots_int64, 1);

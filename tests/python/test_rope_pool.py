@@ -202,9 +202,9 @@ def test_library_checks(device):
 
 
 POOLS_OVERLAP = "k_pool and v_pool must not overlap each other or themselves"
-POOLS_VS_INPUTS = "k_pool and v_pool must not overlap q, k, v, positions, slots or cos_sin_cache"
-INPLACE_OVERLAP = ("with inplace=True, q and k must not overlap each other, themselves, v, positions, slots or "
-                   "cos_sin_cache")
+POOLS_VS_INPUTS = "k_pool and v_pool must not overlap q, k, v, positions, slots, cos_sin_cache or the scales"
+INPLACE_OVERLAP = ("with inplace=True, q and k must not overlap each other, themselves, v, positions, slots, "
+                   "cos_sin_cache or the scales")
 
 
 @requires_gpu
