@@ -105,7 +105,7 @@ TEST_CASE("library checks: one device, CUDA or MPS, dtype, dims, indices, stride
   check_rope_pool(a);
 }
 
-TEST_CASE("checks 23-27: kernel limits and memory overlap, after every earlier check") {
+TEST_CASE("checks 23-28: kernel limits and memory overlap, after every earlier check") {
   REJECTS(a.q = make({4, 70000, 64}, DType::BFloat16, cuda0, {0, 0, 1}); a.num_qo_heads = 70000,
           "rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got 70002");
   REJECTS(a.v_pool = a.k_pool, "k_pool and v_pool must not overlap each other or themselves");
