@@ -37,8 +37,14 @@ def run(layout="NHD", page_size=16, dtype=torch.bfloat16, pool_dtype=None, T=65,
     k = torch.randn(T, hkv, dim, generator=g).to(dtype).cuda()
     v = (4 * torch.randn(T, hkv, dim, generator=g)).to(dtype).cuda()
     positions = torch.randint(0, 1 << 16, (T,), generator=g).cuda()
-    slots = torch.randperm(slots_total, generator=g)[:T].cuda()
-    slots[: min(T, 8)] = torch.arange(min(T, 8)) * page_size + page_size - 1 if layout != "flat" else slots[:8]  # page ends
+    # distinct slots (two tokens on one slot would race), the last slot of
+    # every page among the first ones
+    order = torch.randperm(slots_total, generator=g)
+    if layout != "flat":
+        ends = torch.arange(slots_total // page_size) * page_size + page_size - 1
+        order = torch.cat([ends, order[~torch.isin(order, ends)]])
+    slots = order[:T].cuda()
+    assert slots.unique().numel() == T
     slots[1::7] = -1
     slots[3::11] = slots_total + 5  # past the pool: never written
     k_pool, v_pool = pools(layout, page_size, slots_total, hkv, dim, pool_dtype, combined)
