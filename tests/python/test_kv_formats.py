@@ -32,7 +32,8 @@ def run(layout="NHD", page_size=16, dtype=torch.bfloat16, pool_dtype=None, T=65,
         per_head_scale=False, combined=False, inplace=False, seed=0):
     g = torch.Generator().manual_seed(seed)
     pool_dtype = pool_dtype or dtype
-    slots_total = 8 * page_size if layout != "flat" else 4 * T
+    # whole pages, at least eight, about twice the tokens
+    slots_total = page_size * max(8, -(-2 * T // page_size)) if layout != "flat" else 4 * T
     q = torch.randn(T, hq, dim, generator=g).to(dtype).cuda()
     k = torch.randn(T, hkv, dim, generator=g).to(dtype).cuda()
     v = (4 * torch.randn(T, hkv, dim, generator=g)).to(dtype).cuda()
