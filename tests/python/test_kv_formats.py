@@ -92,15 +92,16 @@ def test_combined_buffer_views_and_sizes(T, layout, pool_dtype):
 @pytest.mark.parametrize("pool_dtype", FP8, ids=str)
 def test_per_head_scales_and_saturation(pool_dtype):
     run("NHD", 16, torch.bfloat16, pool_dtype, per_head_scale=True, seed=3)
-    # values far past the format's range saturate to its largest finite value
+    # values far past the format's range (both formats) saturate to its largest finite value
     T, dim = 4, 64
-    k = torch.full((T, 1, dim), 1e4, device="cuda")
+    k = torch.full((T, 1, dim), 1e6, device="cuda")
     k_pool = torch.zeros(1, 4, 1, dim, device="cuda").to(pool_dtype)
     v_pool = torch.zeros_like(k_pool)
     attnprep.rope_pool_fused(torch.zeros(T, 1, dim, device="cuda"), k, -k, torch.zeros(T, dtype=torch.long,
                              device="cuda"), torch.arange(T, device="cuda"), k_pool, v_pool, head_dim=dim,
                              num_qo_heads=1, num_kv_heads=1, rope_base=1e4,
                              k_scale=torch.tensor(1e-3, device="cuda"), v_scale=torch.ones(1, device="cuda"))
+    # inside the range, the nearest value: 1e4 is 10240 in e5m2 (spacing 2048 there)
     fmax = torch.finfo(pool_dtype).max
     assert (k_pool.float() == fmax).all() and (v_pool.float() == -fmax).all()
 
