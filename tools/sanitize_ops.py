@@ -36,7 +36,8 @@ from attnprep import _C
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from conftest import same_bits  # noqa: E402
 
-from attnprep.testing import cos_sin, pack_gqa_reference, pack_reference, rope_error_ratio, rope_reference  # noqa: E402
+from attnprep.testing import (cos_sin, pack_gqa_reference, pack_reference, pool_write_reference,  # noqa: E402
+                              rope_error_ratio, rope_reference)
 
 
 def assert_close_to_reference(got, want, x, rotary_dim, is_neox):
@@ -160,6 +161,46 @@ def rope_case(dtype, dim, rotary_dim, neox, cache_kind, T, idx, inplace):
         case(other_layers and same_bits(b[:, -1][untouched], b0[:, -1][untouched]), what + " pool rows not addressed")
 
 
+def check_kv_formats():
+    """Paged pools (NHD, HND) that end where their allocations end, fp8 pools
+    with per-tensor and per-head scales, slots at page ends, past the pool
+    and negative."""
+    hq, hkv, dim = 4, 2, 128
+    for layout, page, pool_dtype, T in itertools.product(("NHD", "HND"), (16, 64),
+                                                         (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2),
+                                                         (1, 17, 1100)):
+        pages = max(4, -(-2 * T // page))
+        shape = (pages, page, hkv, dim) if layout == "NHD" else (pages, hkv, page, dim)
+        if pool_dtype == torch.bfloat16:
+            k_pool, v_pool = (at_end(shape, pool_dtype) for _ in range(2))
+        else:  # random finite fp8 bytes, the pool ending where its allocation ends
+            k_pool, v_pool = (at_end(shape, torch.uint8, fill=False).view(pool_dtype) for _ in range(2))
+            for pool in (k_pool, v_pool):
+                pool.view(torch.uint8).copy_(torch.randint(0, 0x78, shape, device=DEV, dtype=torch.uint8))
+        q, k, v = (at_end((T, n, dim), torch.bfloat16) for n in (hq, hkv, hkv))
+        positions = at_end((T,), torch.int64, fill=False)
+        positions.copy_(torch.randint(0, 1 << 16, (T,), device=DEV))
+        total = pages * page
+        order = torch.randperm(total, device=DEV)
+        ends = torch.arange(pages, device=DEV) * page + page - 1
+        order = torch.cat([ends, order[~torch.isin(order, ends)]])[:T]
+        order[1::7] = -1
+        order[3::11] = total + 3
+        slots = at_end((T,), torch.int64, fill=False)
+        slots.copy_(order)
+        scales = {}
+        if pool_dtype != torch.bfloat16:
+            scales = dict(k_scale=at_end((), torch.float32, fill=False).fill_(0.75),
+                          v_scale=at_end((hkv,), torch.float32, fill=False).fill_(1.5))
+        before = (k_pool.clone(), v_pool.clone())
+        q_rot, k_rot, _, _ = attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=dim,
+                                                      num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e4,
+                                                      kv_layout=layout, **scales)
+        what = f"kv {layout} page {page} {pool_dtype} T {T}"
+        case(same_bits(k_pool, pool_write_reference(before[0], k_rot, slots, layout, scales.get("k_scale"))) and
+             same_bits(v_pool, pool_write_reference(before[1], v, slots, layout, scales.get("v_scale"))), what)
+
+
 class _DeviceMemory:
     """`n` 16-bit elements of device memory at `ptr`, described through the
     CUDA array interface, which torch takes without checking the extent."""
@@ -186,10 +227,10 @@ def planted():
 
 
 def main(argv):
-    ops = argv or ["pack", "merge", "rope"]
+    ops = argv or ["pack", "merge", "rope", "kv"]
     for op in ops:
         {"pack": check_pack, "merge": check_merge, "rope": check_rope, "rope-quick": lambda: check_rope(True),
-         "planted": planted}[op]()
+         "kv": check_kv_formats, "planted": planted}[op]()
         torch.cuda.synchronize()
     print(f"sanitize_ops: {CASES} checks passed ({', '.join(ops)})")
 
