@@ -100,9 +100,9 @@ void check_rope_pool(const RopePoolArgs& a) {
                      std::to_string(a.num_qo_heads + a.num_kv_heads));
   if (T > kRopeMaxTokens)
     throw ValueError("rope_pool_fused supports fewer than 2^31 tokens, got " + std::to_string(T));
-  if (a.k_pool.ndim == 4 && pool_geometry(a.k_pool, a.kv_layout).slots > kRopeMaxPagedSlots)
-    throw ValueError("rope_pool_fused supports paged pools of fewer than 2^32 slots, got " +
-                     std::to_string(pool_geometry(a.k_pool, a.kv_layout).slots));
+  const int64_t slots = pool_geometry(a.k_pool, a.kv_layout).slots;
+  if (a.k_pool.ndim == 4 && slots > kRopeMaxPagedSlots)
+    throw ValueError("rope_pool_fused supports paged pools of fewer than 2^32 slots, got " + std::to_string(slots));
 
   // What the kernel writes must not race with itself or with what it reads.
   const TensorArg* reads[8] = {&q, &k, &v, &a.positions, &a.slots};
@@ -129,7 +129,7 @@ void check_rope_pool(const RopePoolArgs& a) {
     throw ValueError(std::string("k_scale and v_scale apply to fp8 pools only, got ") + dtype_name(a.k_pool.dtype) +
                      " pools");
   for (const TensorArg* sc : {&a.k_scale, &a.v_scale}) {
-    if (!fp8) break;
+    if (!fp8) continue;  // no scales to check
     if (sc->dtype != DType::Float32)
       throw ValueError(std::string("k_scale and v_scale must be float32, got ") + dtype_name(sc->dtype));
     const bool one = sc->ndim == 0 || (sc->ndim == 1 && sc->size(0) == 1);
