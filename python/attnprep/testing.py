@@ -47,6 +47,20 @@ def pack_gqa_reference(q: Tensor, k: Tensor, v: Tensor, world_size: int) -> Tens
     return torch.stack(parts).contiguous()
 
 
+def attention_reference(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    """Attention over a whole sequence, ``[S, h, D]`` each (k/v heads repeated
+    to q's for grouped-query attention), through torch's SDPA: what the
+    Ulysses layer must reproduce across ranks."""
+    import torch.nn.functional as F
+
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         is_causal=causal)
+    return out[0].transpose(0, 1)
+
+
 def merge_reference(x: Tensor) -> Tensor:
     """``[W, S, B, h, D] -> [B, S, W, h, D]``."""
     return x.permute(2, 1, 0, 3, 4).contiguous()

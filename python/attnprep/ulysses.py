@@ -84,18 +84,31 @@ def _check_local(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
 # What every rank tells the others before any data moves: its geometry, then
 # the verdict of its local checks (0: passed, 1: ValueError, 2: TypeError)
 # with the message as UTF-8 bytes, one per int64.
-_FIELDS = ("rows", "q heads", "kv heads", "head_dim", "dtype")
+_FIELDS = ("rows", "q heads", "kv heads", "head_dim", "dtype", "chunks")
 _MESSAGE_BYTES = 240
 _DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
            torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
 
 
-def _describe(q, k, v, world: int) -> Tensor:
+def _local_chunks(heads: int, kv: int, world: int, chunks) -> int:
+    """The chunk count (an int, or "auto") checked against this rank's heads."""
+    local_q, split = heads // world, kv >= world
+    local_kv = kv // world if split else 1
+    if chunks == "auto":
+        chunks = max(c for c in (1, 2, 4) if local_q % c == 0 and (not split or local_kv % c == 0))
+    if isinstance(chunks, bool) or not isinstance(chunks, int):
+        raise TypeError(f"ulysses: chunks must be an int or \"auto\", got {type(chunks).__name__}")
+    _C._check_ulysses_chunks(local_q, local_kv, split, chunks)
+    return chunks
+
+
+def _describe(q, k, v, world: int, chunks=1) -> Tensor:
     info = torch.zeros(len(_FIELDS) + 1 + _MESSAGE_BYTES, dtype=torch.int64)
     try:
         _check_local(q, k, v, world)
+        chunks = _local_chunks(q.shape[1], k.shape[1], world, chunks)
         dtype = _DTYPES.index(q.dtype) + 1 if q.dtype in _DTYPES else 0
-        info[: len(_FIELDS)] = torch.tensor([q.shape[0], q.shape[1], k.shape[1], q.shape[2], dtype])
+        info[: len(_FIELDS)] = torch.tensor([q.shape[0], q.shape[1], k.shape[1], q.shape[2], dtype, chunks])
     except (ValueError, TypeError) as e:
         info[len(_FIELDS)] = 1 if isinstance(e, ValueError) else 2
         text = str(e).encode()[:_MESSAGE_BYTES]
@@ -103,13 +116,13 @@ def _describe(q, k, v, world: int) -> Tensor:
     return info
 
 
-def _agree(q, k, v, group) -> None:
-    """Every rank raises the same error, or none does."""
+def _agree(q, k, v, group, chunks=1) -> int:
+    """Every rank raises the same error, or none does; returns the chunk count."""
     world, _ = _world(group)
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    mine = _describe(q, k, v, world).to(device)
+    mine = _describe(q, k, v, world, chunks).to(device)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
     every = [t.cpu() for t in every]
@@ -129,31 +142,32 @@ def _agree(q, k, v, group) -> None:
                 values = [_DTYPES[x - 1] if x else "another dtype" for x in values]
             shown = "[" + ", ".join(str(x) for x in values) + "]"
             raise ValueError(f"ulysses: every rank must pass the same {field}, got {shown}")
+    return int(every[0][len(_FIELDS) - 1])
 
 
-def _pack_torch(q: Tensor, k: Tensor, v: Tensor, world: int) -> Tensor:
-    """The packed send buffer in plain torch (CPU tensors): [W, rows, (hq + 2 hkv) * D]."""
+def _pack_torch(q: Tensor, k: Tensor, v: Tensor, world: int, chunks: int = 1) -> Tensor:
+    """The grouped send buffer in plain torch (CPU tensors), [chunks, W, rows,
+    (chunk_q + 2 chunk_kv) * D]: the layout of the CUDA grouped pack."""
     rows, heads, dim = q.shape
-    kv = k.shape[1]
 
-    def dest_major(t: Tensor) -> Tensor:
+    def chunk_major(t: Tensor) -> Tensor:
         n = t.shape[1]
-        if n >= world:
-            return t.reshape(rows, world, n // world * dim).transpose(0, 1)
+        if n >= world:  # destination d, chunk c: heads d * n/W + c * n/(W chunks) + [0, n/(W chunks))
+            return t.reshape(rows, world, chunks, n // world // chunks * dim).permute(2, 1, 0, 3)
         src = torch.arange(world, device=t.device) * n // world  # replicated kv head per destination
-        return t[:, src].transpose(0, 1)
+        return t[:, src].transpose(0, 1)[None].expand(chunks, world, rows, dim)
 
-    return torch.cat([dest_major(q), dest_major(k), dest_major(v)], dim=-1).contiguous()
+    return torch.cat([chunk_major(q), chunk_major(k), chunk_major(v)], dim=-1).contiguous()
 
 
 def _pack(q: Tensor, k: Tensor, v: Tensor, world: int) -> Tensor:
     """[W, rows, (local_q + 2 local_kv) * D] or, for MHA on CUDA, the public
     [W, rows, local, 3 D] layout; both are split by _unpack."""
     if not q.is_cuda:
-        return _pack_torch(q, k, v, world)
+        return _pack_torch(q, k, v, world)[0]  # one chunk: [W, rows, n]
     if k.shape[1] == q.shape[1]:
         return pack_qkv_destination_major(q, k, v, world)
-    return _C._pack_qkv_gqa(q, k, v, world)
+    return _C._pack_qkv_gqa(q, k, v, world)[0]  # one chunk: [W, rows, n]
 
 
 def _unpack(recv: Tensor, q_heads: int, kv_heads: int, dim: int, world: int):
@@ -332,24 +346,67 @@ class UlyssesQKVProjection(torch.nn.Module):
 
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, attn_fn: Optional[AttnFn] = None,
-                      causal: bool = False, validate: bool = True) -> Tensor:
+                      causal: bool = False, validate: bool = True, chunks=1) -> Tensor:
     """Attention over the whole sequence for this rank's shard.
 
     ``q`` ``[rows, H, D]``, ``k``/``v`` ``[rows, H_kv, D]`` (the local rows of
     the sequence, in rank order). ``attn_fn(q, k, v)`` takes and returns
     ``[S, h, D]`` (default: scaled_dot_product_attention, ``causal`` as
-    given). Returns ``[rows, H, D]``."""
-    ql, kl, vl = scatter_heads(q, k, v, group, validate=validate)
-    out = (attn_fn or sdpa(causal))(ql, kl, vl)
-    return gather_heads(out, group)
+    given). ``chunks`` > 1 (or ``"auto"``) splits each rank's heads into that
+    many groups and overlaps the exchange of one group with attention on the
+    previous one, both ways. Returns ``[rows, H, D]``."""
+    if chunks == 1:
+        ql, kl, vl = scatter_heads(q, k, v, group, validate=validate)
+        out = (attn_fn or sdpa(causal))(ql, kl, vl)
+        return gather_heads(out, group)
+    return _chunked_attention(q, k, v, group, attn_fn or sdpa(causal), validate, chunks)
+
+
+def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, validate: bool, chunks) -> Tensor:
+    world, _ = _world(group)
+    if validate:
+        chunks = _agree(q, k, v, group, chunks)
+    else:
+        _check_local(q, k, v, world)
+        chunks = _local_chunks(q.shape[1], k.shape[1], world, chunks)
+    rows, heads, dim = q.shape
+    kv = k.shape[1]
+    local_q, split = heads // world, kv >= world
+    chunk_q = local_q // chunks
+    # chunk c: q heads d * local_q + c * chunk_q + [0, chunk_q) of every destination d
+    send = _C._pack_qkv_gqa(q, k, v, world, chunks) if q.is_cuda else _pack_torch(q, k, v, world, chunks)
+    recv = torch.empty_like(send) if world > 1 else send
+
+    def exchange(src: Tensor, dst: Tensor):
+        return dist.all_to_all_single(dst, src, group=group, async_op=True) if world > 1 else None
+
+    inbound = [exchange(send[0], recv[0])]
+    back, outbound = [], []
+    for c in range(chunks):
+        if c + 1 < chunks:  # the next chunk travels while this one is attended to
+            inbound.append(exchange(send[c + 1], recv[c + 1]))
+        if inbound[c] is not None:
+            inbound[c].wait()
+        ql, kl, vl = _unpack(recv[c], world * chunk_q, world * (kv // world // chunks) if split else kv, dim, world)
+        o = attn(ql, kl, vl).reshape(world, rows, chunk_q, dim).contiguous()  # [S, chunk_q, D] by source rank
+        back.append(torch.empty_like(o) if world > 1 else o)
+        outbound.append(exchange(o, back[c]))
+    out = torch.empty((rows, heads, dim), dtype=q.dtype, device=q.device)
+    placed = out.view(rows, world, local_q, dim)
+    for c in range(chunks):
+        if outbound[c] is not None:
+            outbound[c].wait()
+        placed[:, :, c * chunk_q:(c + 1) * chunk_q].copy_(back[c].permute(1, 0, 2, 3))
+    return out
 
 
 class UlyssesAttention(torch.nn.Module):
     """Module form of :func:`ulysses_attention`."""
 
-    def __init__(self, group=None, attn_fn: Optional[AttnFn] = None, causal: bool = False, validate: bool = True):
+    def __init__(self, group=None, attn_fn: Optional[AttnFn] = None, causal: bool = False, validate: bool = True,
+                 chunks=1):
         super().__init__()
-        self.group, self.attn_fn, self.causal, self.validate = group, attn_fn, causal, validate
+        self.group, self.attn_fn, self.causal, self.validate, self.chunks = group, attn_fn, causal, validate, chunks
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return ulysses_attention(q, k, v, self.group, self.attn_fn, self.causal, self.validate)
+        return ulysses_attention(q, k, v, self.group, self.attn_fn, self.causal, self.validate, self.chunks)

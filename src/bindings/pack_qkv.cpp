@@ -64,13 +64,14 @@ std::vector<int64_t> pack_qkv_meta(nb::handle q, nb::handle k, nb::handle v, nb:
   return {in.shape.out_shape, in.shape.out_shape + 4};
 }
 
-// Internal: the GQA pack of the Ulysses layer (not part of the public API).
-nb::object pack_qkv_gqa(nb::handle q, nb::handle k, nb::handle v, int64_t world_size) {
+// Internal: the grouped (and chunked) pack of the Ulysses layer, [chunks,
+// world, rows, n] (not part of the public API).
+nb::object pack_qkv_gqa(nb::handle q, nb::handle k, nb::handle v, int64_t world_size, int64_t chunks) {
   const ImportedTensor tq = import_tensor(q, "q");
   const ImportedTensor tk = import_tensor(k, "k");
   const ImportedTensor tv = import_tensor(v, "v");
-  const core::PackGqaShape shape = core::check_pack_qkv_gqa(tq.arg, tk.arg, tv.arg, world_size);
-  NewTensor out = new_tensor_like(q, tq, shape.out_shape, 3);
+  const core::PackGqaShape shape = core::check_pack_qkv_gqa(tq.arg, tk.arg, tv.arg, world_size, chunks);
+  NewTensor out = new_tensor_like(q, tq, shape.out_shape, 4);
   if (out.arg.numel() == 0) return std::move(out.tensor);
   const core::StridedCopyPlan plan = core::plan_pack_qkv_gqa(shape, tq.arg, tk.arg, tv.arg, out.arg);
   ATTNPREP_RUN_CUDA("ulysses pack", tq.arg.device, stream, cuda::strided_copy(plan, stream));
@@ -92,8 +93,11 @@ void init_pack_qkv(nb::module_& m) {
   m.def("_pack_qkv_meta", &pack_qkv_meta, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("world_size").none(),
         nb::arg("out").none() = nb::none(),
         "Internal (fake kernel): the checks on metadata alone; returns the output shape.");
-  m.def("_pack_qkv_gqa", &pack_qkv_gqa, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("world_size"),
-        "Internal (Ulysses, GQA): [W, rows, (local_q + 2 * local_kv) * head_size].");
+  m.def("_pack_qkv_gqa", &pack_qkv_gqa, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
+        nb::arg("world_size"), nb::arg("chunks") = 1,
+        "Internal (Ulysses): [chunks, W, rows, (chunk_q + 2 * chunk_kv) * head_size].");
+  m.def("_check_ulysses_chunks", &core::check_ulysses_chunks, nb::arg("local_q"), nb::arg("local_kv"),
+        nb::arg("kv_split"), nb::arg("chunks"), "Internal: the chunk count's check (any device).");
   m.def("_check_ulysses_geometry", &check_ulysses_geometry, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("world_size"), "Internal: the Ulysses layer's head-geometry checks (metadata only, any device).");
 }

@@ -3,6 +3,8 @@
 #include "core/errors.h"
 #include "core/overlap.h"
 
+#include <algorithm>
+
 namespace attnprep::core {
 
 PackQkvShape check_pack_qkv_inputs(const TensorArg& q, const TensorArg& k, const TensorArg& v,
@@ -86,7 +88,13 @@ void check_ulysses_geometry(const TensorArg& q, const TensorArg& k, const Tensor
           "ulysses: q, k and v must have one dtype");
 }
 
-PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size) {
+void check_ulysses_chunks(int64_t local_q, int64_t local_kv, bool kv_split, int64_t chunks) {
+  require(chunks >= 1 && local_q % chunks == 0 && (!kv_split || local_kv % chunks == 0),
+          "ulysses: chunks must be positive and divide each rank's q heads (and its kv heads when they are split)");
+}
+
+PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size,
+                                int64_t chunks) {
   check_ulysses_geometry(q, k, v, world_size);
   require(q.device.type == DeviceType::CUDA, "ulysses: q, k and v must be on one CUDA device");
   require(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,
@@ -100,20 +108,25 @@ PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const Te
   s.head_size = q.size(2);
   s.local_q = s.heads / world_size;
   s.local_kv = kv >= world_size ? kv / world_size : 1;
-  s.out_shape[0] = world_size;
-  s.out_shape[1] = s.rows;
-  s.out_shape[2] = (s.local_q + 2 * s.local_kv) * s.head_size;
+  check_ulysses_chunks(s.local_q, s.local_kv, kv >= world_size, chunks);
+  s.chunks = chunks;
+  s.chunk_q = s.local_q / chunks;
+  s.chunk_kv = kv >= world_size ? s.local_kv / chunks : 1;
+  s.out_shape[0] = chunks;
+  s.out_shape[1] = world_size;
+  s.out_shape[2] = s.rows;
+  s.out_shape[3] = (s.chunk_q + 2 * s.chunk_kv) * s.head_size;
   return s;
 }
 
 StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& s, const TensorArg& q, const TensorArg& k,
                                   const TensorArg& v, const TensorArg& out) {
   const int64_t es = q.itemsize, row = s.head_size * es;
-  const int64_t out_row = s.out_shape[2] * es;  // bytes for one (destination, row)
-  const int64_t per_dest = s.rows * out_row;
+  const int64_t out_row = s.out_shape[3] * es;  // bytes for one (chunk, destination, row)
+  const int64_t per_dest = s.rows * out_row, per_chunk = s.world_size * per_dest;
   CopyJob jobs[3];
   const TensorArg* src[3] = {&q, &k, &v};
-  const int64_t offset[3] = {0, s.local_q * row, (s.local_q + s.local_kv) * row};
+  const int64_t offset[3] = {0, s.chunk_q * row, (s.chunk_q + s.chunk_kv) * row};
   for (int j = 0; j < 3; ++j) {
     const TensorArg& t = *src[j];
     CopyJob& job = jobs[j];
@@ -123,28 +136,30 @@ StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& s, const TensorArg& q, con
     job.src_elem_stride = es;
     job.itemsize = static_cast<int32_t>(es);
     const int64_t hs = t.stride(1) * es, rs = t.stride(0) * es;
+    int64_t dims[kCopyDims], ss[kCopyDims], ds[kCopyDims];
     if (j == 0 || s.kv_heads >= s.world_size) {
-      // destination d takes heads [d * local, (d + 1) * local)
-      const int64_t local = j == 0 ? s.local_q : s.local_kv;
-      const int64_t dims[kCopyDims] = {1, s.world_size, s.rows, local};
-      const int64_t ss[kCopyDims] = {0, local * hs, rs, hs};
-      const int64_t ds[kCopyDims] = {0, per_dest, out_row, row};
-      for (int d = 0; d < kCopyDims; ++d) {
-        job.dims[d] = dims[d];
-        job.src_stride[d] = ss[d];
-        job.dst_stride[d] = ds[d];
-      }
+      // chunk c of destination d: heads d * local + c * per_chunk + [0, per_chunk)
+      const int64_t local = j == 0 ? s.local_q : s.local_kv, chunk = j == 0 ? s.chunk_q : s.chunk_kv;
+      const int64_t d_[kCopyDims] = {s.chunks, s.world_size, s.rows, chunk};
+      const int64_t s_[kCopyDims] = {chunk * hs, local * hs, rs, hs};
+      const int64_t t_[kCopyDims] = {per_chunk, per_dest, out_row, row};
+      std::copy(d_, d_ + kCopyDims, dims);
+      std::copy(s_, s_ + kCopyDims, ss);
+      std::copy(t_, t_ + kCopyDims, ds);
     } else {
-      // destination d = a * rep + b takes kv head a: a stride of zero repeats it
+      // destination d = a * rep + b takes kv head a, in every chunk: strides of zero repeat it
       const int64_t rep = s.world_size / s.kv_heads;
-      const int64_t dims[kCopyDims] = {s.kv_heads, rep, s.rows, 1};
-      const int64_t ss[kCopyDims] = {hs, 0, rs, 0};
-      const int64_t ds[kCopyDims] = {rep * per_dest, per_dest, out_row, 0};
-      for (int d = 0; d < kCopyDims; ++d) {
-        job.dims[d] = dims[d];
-        job.src_stride[d] = ss[d];
-        job.dst_stride[d] = ds[d];
-      }
+      const int64_t d_[kCopyDims] = {s.chunks, s.kv_heads, rep, s.rows};
+      const int64_t s_[kCopyDims] = {0, hs, 0, rs};
+      const int64_t t_[kCopyDims] = {per_chunk, rep * per_dest, per_dest, out_row};
+      std::copy(d_, d_ + kCopyDims, dims);
+      std::copy(s_, s_ + kCopyDims, ss);
+      std::copy(t_, t_ + kCopyDims, ds);
+    }
+    for (int d = 0; d < kCopyDims; ++d) {
+      job.dims[d] = dims[d];
+      job.src_stride[d] = ss[d];
+      job.dst_stride[d] = ds[d];
     }
   }
   return plan_strided_copy(jobs, 3);

@@ -29,19 +29,28 @@ void check_pack_qkv_out(const PackQkvShape& shape, const TensorArg& q, const Ten
 StridedCopyPlan plan_pack_qkv(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k,
                               const TensorArg& v, const TensorArg& out);
 
-// Internal variant for the Ulysses layer with grouped-query attention: q has
-// `heads` heads, k and v have `kv_heads`. Output [world_size, rows, (local_q +
-// 2 * local_kv) * head_size]: for each destination the local q heads, then
-// the local k heads, then the local v heads. When kv_heads < world_size each
-// destination gets the one kv head its q heads use (replication).
+// Internal variant for the Ulysses layer (grouped-query attention, and MHA
+// when the exchange is chunked): q has `heads` heads, k and v `kv_heads`.
+// Output [chunks, world_size, rows, (chunk_q + 2 * chunk_kv) * head_size]:
+// chunk c of destination d holds that destination's local q heads
+// [c * chunk_q, (c + 1) * chunk_q), then the kv heads they use, then the same
+// v heads, so that each chunk is one contiguous send buffer. When kv_heads <
+// world_size each destination gets the one kv head its q heads use
+// (replicated, and repeated in every chunk). One chunk is the layer's
+// unchunked layout.
 struct PackGqaShape {
-  int64_t world_size, rows, heads, kv_heads, head_size, local_q, local_kv;
-  int64_t out_shape[3];
+  int64_t world_size, rows, heads, kv_heads, head_size, local_q, local_kv, chunks, chunk_q, chunk_kv;
+  int64_t out_shape[4];
 };
 // The head geometry alone (any device): shared with the layer's CPU path.
 void check_ulysses_geometry(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size);
-PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size);
+// The geometry, then: a CUDA device, unit stride in head_dim, and `chunks`
+// dividing the local q heads (and the local kv heads when they are split).
+PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size,
+                                int64_t chunks = 1);
 StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& shape, const TensorArg& q, const TensorArg& k,
                                   const TensorArg& v, const TensorArg& out);
+// Whether `chunks` divides the heads of every chunk as above (any device).
+void check_ulysses_chunks(int64_t local_q, int64_t local_kv, bool kv_split, int64_t chunks);
 
 }  // namespace attnprep::core

@@ -170,46 +170,62 @@ TEST_CASE("plan switches to 64-bit indexing past 2^31 vectors") {
   CHECK_EQ(static_cast<int64_t>(job.dst - static_cast<unsigned char*>(out.data)) + dst + 16, out.numel() * 4);
 }
 
-TEST_CASE("GQA pack (Ulysses): split and replicated kv heads, bit-exact") {
+TEST_CASE("grouped pack (Ulysses): split and replicated kv heads, in chunks, bit-exact") {
   uint32_t seed = 100;
   // (rows, heads, kv_heads, world): kv divisible by world, and world divisible by kv
-  const int64_t cases[][4] = {{5, 8, 4, 2}, {17, 8, 8, 4}, {3, 12, 2, 4}, {9, 12, 1, 3}, {4, 8, 2, 8}, {7, 6, 6, 1}};
-  for (const auto& c : cases) {
-    const int64_t rows = c[0], heads = c[1], kv = c[2], world = c[3], dim = 24;
-    TensorArg q = make({rows, heads, dim}, DType::Float16), k = make({rows, kv, dim}, DType::Float16, cuda0,
-                                                                      {2 * kv * dim, dim, 1}),
-              v = make({rows, kv, dim}, DType::Float16);
-    test::HostBuffer bq, bk, bv;
-    bq.attach(q, seed++);
-    bk.attach(k, seed++);
-    bv.attach(v, seed++);
-    auto s = check_pack_qkv_gqa(q, k, v, world);
-    TensorArg out = make({s.out_shape[0], s.out_shape[1], s.out_shape[2]}, DType::Float16);
-    test::HostBuffer bo;
-    bo.attach(out, seed++);
-    test::execute_on_host(plan_pack_qkv_gqa(s, q, k, v, out));
-    // reference from the definition, element by element
-    bool ok = true;
-    const auto* o = static_cast<const uint16_t*>(out.data);
-    auto at = [](const TensorArg& t, int64_t r, int64_t h, int64_t i) {
-      return static_cast<const uint16_t*>(t.data)[r * t.strides[0] + h * t.strides[1] + i];
-    };
-    for (int64_t d = 0; d < world; ++d)
-      for (int64_t r = 0; r < rows; ++r) {
-        const uint16_t* row = o + (d * rows + r) * s.out_shape[2];
-        for (int64_t h = 0; h < s.local_q; ++h)
-          for (int64_t i = 0; i < dim; ++i) ok &= row[h * dim + i] == at(q, r, d * s.local_q + h, i);
-        for (int64_t h = 0; h < s.local_kv; ++h) {
-          const int64_t src = kv >= world ? d * s.local_kv + h : d * kv / world;
-          for (int64_t i = 0; i < dim; ++i) {
-            ok &= row[(s.local_q + h) * dim + i] == at(k, r, src, i);
-            ok &= row[(s.local_q + s.local_kv + h) * dim + i] == at(v, r, src, i);
+  const int64_t cases[][4] = {{5, 8, 4, 2}, {17, 8, 8, 4}, {3, 12, 2, 4}, {9, 12, 1, 3}, {4, 8, 2, 8}, {7, 6, 6, 1},
+                              {6, 16, 8, 2}, {5, 24, 2, 2}};
+  int chunked = 0;
+  for (const auto& c : cases)
+    for (int64_t chunks : {1, 2, 3, 4}) {
+      const int64_t rows = c[0], heads = c[1], kv = c[2], world = c[3], dim = 24;
+      const int64_t local_q = heads / world, local_kv = kv >= world ? kv / world : 1;
+      if (local_q % chunks != 0 || (kv >= world && local_kv % chunks != 0)) continue;
+      chunked += chunks > 1;
+      TensorArg q = make({rows, heads, dim}, DType::Float16), k = make({rows, kv, dim}, DType::Float16, cuda0,
+                                                                        {2 * kv * dim, dim, 1}),
+                v = make({rows, kv, dim}, DType::Float16);
+      test::HostBuffer bq, bk, bv;
+      bq.attach(q, seed++);
+      bk.attach(k, seed++);
+      bv.attach(v, seed++);
+      auto s = check_pack_qkv_gqa(q, k, v, world, chunks);
+      TensorArg out = make({s.out_shape[0], s.out_shape[1], s.out_shape[2], s.out_shape[3]}, DType::Float16);
+      test::HostBuffer bo;
+      bo.attach(out, seed++);
+      test::execute_on_host(plan_pack_qkv_gqa(s, q, k, v, out));
+      // reference from the definition, element by element
+      bool ok = true;
+      const auto* o = static_cast<const uint16_t*>(out.data);
+      auto at = [](const TensorArg& t, int64_t r, int64_t h, int64_t i) {
+        return static_cast<const uint16_t*>(t.data)[r * t.strides[0] + h * t.strides[1] + i];
+      };
+      for (int64_t ch = 0; ch < chunks; ++ch)
+        for (int64_t d = 0; d < world; ++d)
+          for (int64_t r = 0; r < rows; ++r) {
+            const uint16_t* row = o + ((ch * world + d) * rows + r) * s.out_shape[3];
+            for (int64_t h = 0; h < s.chunk_q; ++h)
+              for (int64_t i = 0; i < dim; ++i) ok &= row[h * dim + i] == at(q, r, d * local_q + ch * s.chunk_q + h, i);
+            for (int64_t h = 0; h < s.chunk_kv; ++h) {
+              const int64_t src = kv >= world ? d * local_kv + ch * s.chunk_kv + h : d * kv / world;
+              for (int64_t i = 0; i < dim; ++i) {
+                ok &= row[(s.chunk_q + h) * dim + i] == at(k, r, src, i);
+                ok &= row[(s.chunk_q + s.chunk_kv + h) * dim + i] == at(v, r, src, i);
+              }
+            }
           }
-        }
-      }
-    if (!ok) test::fail(__FILE__, __LINE__, "gqa pack mismatch heads=" + std::to_string(heads) + " kv=" +
-                                                std::to_string(kv) + " world=" + std::to_string(world));
-  }
+      if (!ok)
+        test::fail(__FILE__, __LINE__, "grouped pack mismatch heads=" + std::to_string(heads) + " kv=" +
+                                           std::to_string(kv) + " world=" + std::to_string(world) + " chunks=" +
+                                           std::to_string(chunks));
+    }
+  CHECK(chunked >= 6);
+  const char* chunk_msg = "ulysses: chunks must be positive and divide each rank's q heads (and its kv heads when they "
+                          "are split)";
+  CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(make({4, 8, 8}), make({4, 8, 8}), make({4, 8, 8}), 2, 3), chunk_msg);
+  CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(make({4, 8, 8}), make({4, 4, 8}), make({4, 4, 8}), 2, 4), chunk_msg);
+  CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(make({4, 8, 8}), make({4, 8, 8}), make({4, 8, 8}), 2, 0), chunk_msg);
+  check_pack_qkv_gqa(make({4, 8, 8}), make({4, 1, 8}), make({4, 1, 8}), 2, 4);  // one kv head, replicated per chunk
   CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(make({4, 12, 8}), make({4, 6, 8}), make({4, 6, 8}), 4),
                    "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size");
   CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(make({4, 12, 8}), make({4, 4, 8}), make({4, 4, 8}), 5),

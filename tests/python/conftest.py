@@ -1,5 +1,9 @@
+import socket
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 requires_two_gpus = pytest.mark.skipif(
@@ -23,3 +27,55 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     a = a.contiguous()
     b = b.contiguous()
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(worker, world, *args, timeout=180):
+    """Runs ``worker(rank, world, port, results, *args)`` in ``world`` spawned
+    processes (one distributed rank each); returns what every rank put on
+    ``results``, sorted by rank, and the exit codes. A rank that never
+    reports fails the call after ``timeout`` seconds (a hang fails a test,
+    not CI); the processes are reaped or killed either way."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=worker, args=(r, world, port, results) + args) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted((results.get(timeout=timeout) for _ in range(world)), key=lambda r: r[0])
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return got, [p.exitcode for p in procs]
+
+
+def assert_ranks_ok(worker, world, *args, timeout=180):
+    """spawn_ranks, and every rank reported "ok" and exited cleanly."""
+    got, codes = spawn_ranks(worker, world, *args, timeout=timeout)
+    assert got == [(r, "ok") for r in range(world)], got
+    assert all(c == 0 for c in codes), codes
+
+
+def run_rank(rank, world, port, results, backend, body, *args):
+    """One rank for spawn_ranks: joins the group (gloo on the CPU, or NCCL on
+    GPU `rank`), reports ``body(rank, world, device, *args)`` (any exception
+    as its repr, at once instead of a timeout), and leaves the group."""
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=device if backend == "nccl" else None)
+    try:
+        results.put((rank, body(rank, world, device, *args)))
+    except Exception as e:
+        results.put((rank, repr(e)))
+    finally:
+        dist.destroy_process_group()

@@ -4,32 +4,17 @@ NCCL with a world of one on the GPU. The layer must equal single-process
 attention over the whole sequence, for MHA and GQA."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.nn.functional as F
 
 from attnprep import ulysses
-from attnprep.testing import pack_gqa_reference
-from conftest import requires_cuda, same_bits
+from attnprep.testing import attention_reference, pack_gqa_reference
+from conftest import assert_ranks_ok, free_port, requires_cuda, run_rank, same_bits, spawn_ranks
 
 
-def full_attention(q, k, v, causal):
-    if k.shape[1] != q.shape[1]:
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                         is_causal=causal)
-    return out[0].transpose(0, 1)
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # (heads, kv_heads) per world size: MHA, kv heads split across ranks, kv heads replicated
@@ -54,76 +39,52 @@ def within_tolerance(got, want, v, dtype):
     return bool((err <= bound).all()), err.max().item()
 
 
-def _worker(rank, world, port, results, backend, dtypes):
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=device if backend == "nccl" else None)
+def _worker(rank, world, device, dtypes):
+    rows, dim = 5, 16
+    for dtype in dtypes:
+        for heads, kv in CASES[world]:
+            for causal in (False, True):
+                g = torch.Generator().manual_seed(heads * 100 + kv)
+                q, k, v = (torch.randn(world * rows, n, dim, generator=g, dtype=torch.float64).to(dtype)
+                           for n in (heads, kv, kv))
+                mine = slice(rank * rows, (rank + 1) * rows)
+                got = ulysses.UlyssesAttention(causal=causal)(*(t[mine].to(device) for t in (q, k, v)))
+                want = attention_reference(q.double(), k.double(), v.double(), causal)[mine]
+                ok, err = within_tolerance(got, want, v, dtype)
+                if got.shape != want.shape or got.dtype != dtype or not ok:
+                    return f"({heads}, {kv}, causal {causal}) {dtype}: error {err} shape {tuple(got.shape)}"
+    q, k, v = (t[mine].to(device) for t in (q, k, v))
+    # the async exchange gives the same result
+    work = ulysses.scatter_heads(q, k, v, async_op=True)
+    ql, kl, vl = work.wait()
+    out = ulysses.gather_heads(ulysses.sdpa()(ql, kl, vl), async_op=True).wait()
+    if not torch.equal(out, ulysses.ulysses_attention(q, k, v)):
+        return "async result differs"
+    # uneven shards are refused on every rank
+    n = rows + (1 if rank == 0 else 0)
+    q, k, v = (t.repeat(2, 1, 1)[:n] for t in (q, k, v))
     try:
-        rows, dim = 5, 16
-        for dtype in dtypes:
-            for heads, kv in CASES[world]:
-                for causal in (False, True):
-                    g = torch.Generator().manual_seed(heads * 100 + kv)
-                    q, k, v = (torch.randn(world * rows, n, dim, generator=g, dtype=torch.float64).to(dtype)
-                               for n in (heads, kv, kv))
-                    mine = slice(rank * rows, (rank + 1) * rows)
-                    got = ulysses.UlyssesAttention(causal=causal)(*(t[mine].to(device) for t in (q, k, v)))
-                    want = full_attention(q.double(), k.double(), v.double(), causal)[mine]
-                    ok, err = within_tolerance(got, want, v, dtype)
-                    if got.shape != want.shape or got.dtype != dtype or not ok:
-                        results.put((rank, heads, kv, causal, f"{dtype}: error {err} shape {tuple(got.shape)}"))
-                        return
-        q, k, v = (t[mine].to(device) for t in (q, k, v))
-        # the async exchange gives the same result
-        work = ulysses.scatter_heads(q, k, v, async_op=True)
-        ql, kl, vl = work.wait()
-        out = ulysses.gather_heads(ulysses.sdpa()(ql, kl, vl), async_op=True).wait()
-        if not torch.equal(out, ulysses.ulysses_attention(q, k, v)):
-            results.put((rank, "async", "", "", "async result differs"))
-            return
-        # uneven shards are refused on every rank
-        n = rows + (1 if rank == 0 else 0)
-        q, k, v = (t.repeat(2, 1, 1)[:n] for t in (q, k, v))
-        try:
-            ulysses.ulysses_attention(q, k, v)
-        except ValueError as e:
-            if world > 1 and not str(e).startswith("ulysses: every rank must hold the same number of rows, got ["):
-                results.put((rank, "uneven", "", "", str(e)))
-                return
-        else:
-            if world > 1:
-                results.put((rank, "uneven", "", "", "no ValueError"))
-                return
-        results.put((rank, "ok"))
-    except Exception as e:  # reported, so the test fails at once instead of waiting for the queue
-        results.put((rank, "raised", repr(e)))
-    finally:
-        dist.destroy_process_group()
+        ulysses.ulysses_attention(q, k, v)
+    except ValueError as e:
+        if world > 1 and not str(e).startswith("ulysses: every rank must hold the same number of rows, got ["):
+            return "uneven: " + str(e)
+    else:
+        if world > 1:
+            return "uneven: no ValueError"
+    return "ok"
 
 
 def run_ranks(world, backend, dtypes):
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, results, backend, dtypes)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got = [results.get(timeout=300) for _ in range(world)]
-    for p in procs:
-        p.join(timeout=60)
-    assert all(r[1] == "ok" for r in got), got
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    assert_ranks_ok(run_rank, world, backend, _worker, dtypes, timeout=300)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_gloo_layer_equals_full_attention(world):
+def test_gloo_layer_equals_attention_reference(world):
     run_ranks(world, "gloo", (torch.float64,))
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
-def test_nccl_layer_equals_full_attention(world):
+def test_nccl_layer_equals_attention_reference(world):
     """One process per GPU, as torchrun starts them: the CUDA pack and merge
     kernels with NCCL's all_to_all between them."""
     if not torch.cuda.is_available() or torch.cuda.device_count() < world:
@@ -137,32 +98,28 @@ def test_nccl_layer_equals_full_attention(world):
     run_ranks(world, "nccl", (torch.float64, torch.bfloat16))
 
 
-def _bad_input_worker(rank, world, port, results, case):
+def _bad_input_worker(rank, world, device, case):
     """Every rank must raise the same error (or none): a hang or a crash fails the test."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    heads, kv, dim, dtype, grad = 4 * world, world, 8, torch.float64, False
+    if case == "heads" and rank == world - 1:
+        heads = 8 * world
+    if case == "head_dim" and rank == 1:
+        dim = 16
+    if case == "dtype" and rank == 1:
+        dtype = torch.float32
+    if case == "local" and rank == 1:
+        heads = 4 * world + 1  # does not divide the world size
+    if case == "not a tensor" and rank == 0:
+        heads = None
+    if case == "grad" and rank == 0:
+        grad = True
+    q = None if heads is None else torch.randn(3, heads, dim, dtype=dtype, requires_grad=grad)
+    k, v = (torch.randn(3, kv, dim, dtype=dtype) for _ in range(2))
     try:
-        heads, kv, dim, dtype, grad = 4 * world, world, 8, torch.float64, False
-        if case == "heads" and rank == world - 1:
-            heads = 8 * world
-        if case == "head_dim" and rank == 1:
-            dim = 16
-        if case == "dtype" and rank == 1:
-            dtype = torch.float32
-        if case == "local" and rank == 1:
-            heads = 4 * world + 1  # does not divide the world size
-        if case == "not a tensor" and rank == 0:
-            heads = None
-        if case == "grad" and rank == 0:
-            grad = True
-        q = None if heads is None else torch.randn(3, heads, dim, dtype=dtype, requires_grad=grad)
-        k, v = (torch.randn(3, kv, dim, dtype=dtype) for _ in range(2))
-        try:
-            ulysses.ulysses_attention(q, k, v)
-            results.put((rank, "no error"))
-        except (ValueError, TypeError) as e:
-            results.put((rank, type(e).__name__, str(e)))
-    finally:
-        dist.destroy_process_group()
+        ulysses.ulysses_attention(q, k, v)
+        return "no error"
+    except (ValueError, TypeError) as e:
+        return type(e).__name__, str(e)
 
 
 BAD_INPUTS = {
@@ -186,24 +143,12 @@ def _field_values(case, world):
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_ranks_that_disagree_all_raise_the_same_error(world, case):
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_bad_input_worker, args=(r, world, port, results, case)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        got = sorted(results.get(timeout=120) for _ in range(world))  # a hang fails here, in 2 minutes at most
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    got, codes = spawn_ranks(run_rank, world, "gloo", _bad_input_worker, case, timeout=120)  # a hang fails here
     kind, msg = BAD_INPUTS[case]
     if "{}" in msg:
         msg = msg.format("[" + ", ".join(str(x) for x in _field_values(case, world)) + "]")
-    assert got == [(r, kind, msg) for r in range(world)], got
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    assert got == [(r, (kind, msg)) for r in range(world)], got
+    assert all(c == 0 for c in codes), codes
 
 
 def test_geometry_errors():
@@ -230,14 +175,14 @@ def test_gqa_pack_kernel_matches_torch(heads, kv, world, rows):
     q, k, v = qkv.split([heads * 128, kv * 128, kv * 128], dim=1)
     q, k, v = q.view(rows, heads, 128), k.view(rows, kv, 128), v.view(rows, kv, 128)
     want = pack_gqa_reference(q, k, v, world)
-    assert same_bits(_C._pack_qkv_gqa(q, k, v, world), want)
-    assert same_bits(ulysses._pack_torch(q, k, v, world), want)  # the layer's CPU path
+    assert same_bits(_C._pack_qkv_gqa(q, k, v, world)[0], want)
+    assert same_bits(ulysses._pack_torch(q, k, v, world)[0], want)  # the layer's CPU path
 
 
 @pytest.mark.parametrize("heads,kv,world", [(8, 4, 2), (8, 8, 4), (12, 2, 4), (12, 1, 3), (8, 2, 8)])
 def test_cpu_pack_matches_reference(heads, kv, world):
     q, k, v = torch.randn(5, heads, 16), torch.randn(5, kv, 16), torch.randn(5, kv, 16)
-    assert same_bits(ulysses._pack_torch(q, k, v, world), pack_gqa_reference(q, k, v, world))
+    assert same_bits(ulysses._pack_torch(q, k, v, world)[0], pack_gqa_reference(q, k, v, world))
 
 
 @requires_cuda
@@ -253,7 +198,7 @@ def test_nccl_world_of_one(heads, kv, dtype):
         k = torch.randn(65, kv, 64, device="cuda", dtype=dtype)
         v = torch.randn(65, kv, 64, device="cuda", dtype=dtype)
         got = ulysses.ulysses_attention(q, k, v, causal=True)
-        want = full_attention(q, k, v, causal=True)
+        want = attention_reference(q, k, v, causal=True)
         if dtype == torch.bfloat16:
             assert torch.equal(got, want)  # same flash kernel on the same data: identical
         else:  # float64 goes through matrix products, whose kernels may differ with the layout

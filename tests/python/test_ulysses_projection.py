@@ -4,15 +4,13 @@ packing them with attnprep.testing's references: bit for bit on
 integer-valued inputs (every summation order is exact there), and through
 gloo ranks against scatter_heads of the projected q, k, v."""
 
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from attnprep import ulysses
 from attnprep.testing import pack_gqa_reference, pack_reference
+from conftest import assert_ranks_ok, run_rank
 
 GEOMETRIES = [(8, 8, 2), (8, 8, 4), (8, 4, 2), (12, 2, 4), (12, 1, 3), (8, 2, 8), (4, 4, 1), (6, 3, 3)]
 
@@ -88,61 +86,32 @@ def test_x_errors():
         assert str(e.value) == "ulysses: x must be [rows, hidden] with the weight's hidden size and dtype"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-def _worker(rank, world, port, results):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _worker(rank, world, device):
+    D, rows = 16, 5
+    for heads, kv in [(4 * world, 4 * world), (4 * world, world), (2 * world, 1)]:
+        w, b = layer(heads, kv, D, seed=heads + kv)  # the same weights on every rank
+        x = integers(rows, 24, generator=torch.Generator().manual_seed(100 + rank))
+        proj = ulysses.UlyssesQKVProjection.from_weights(*w, world, D, *b)
+        got = proj(x)
+        want = ulysses.scatter_heads(*projected(x, w, b, D))
+        if not all(torch.equal(g, h) for g, h in zip(got, want)):
+            return f"({heads}, {kv}) differs"
+        work = proj(x, async_op=True)
+        if not all(torch.equal(g, h) for g, h in zip(work.wait(), want)):
+            return f"({heads}, {kv}) async differs"
+    # the ranks agree first: one rank with another row count fails everywhere
+    if world == 1:
+        return "ok"
     try:
-        D, rows = 16, 5
-        for heads, kv in [(4 * world, 4 * world), (4 * world, world), (2 * world, 1)]:
-            w, b = layer(heads, kv, D, seed=heads + kv)  # the same weights on every rank
-            x = integers(rows, 24, generator=torch.Generator().manual_seed(100 + rank))
-            proj = ulysses.UlyssesQKVProjection.from_weights(*w, world, D, *b)
-            got = proj(x)
-            want = ulysses.scatter_heads(*projected(x, w, b, D))
-            if not all(torch.equal(g, h) for g, h in zip(got, want)):
-                results.put((rank, f"({heads}, {kv}) differs"))
-                return
-            work = proj(x, async_op=True)
-            if not all(torch.equal(g, h) for g, h in zip(work.wait(), want)):
-                results.put((rank, f"({heads}, {kv}) async differs"))
-                return
-        # the ranks agree first: one rank with another row count fails everywhere
-        if world == 1:
-            results.put((rank, "ok"))
-            return
-        try:
-            proj(integers(rows + rank, 24, generator=torch.Generator()))
-            results.put((rank, "no error for uneven rows"))
-            return
-        except ValueError as e:
-            if not str(e).startswith("ulysses: every rank must hold the same number of rows, got ["):
-                results.put((rank, str(e)))
-                return
-        results.put((rank, "ok"))
-    except Exception as e:  # reported at once instead of a timeout
-        results.put((rank, repr(e)))
-    finally:
-        dist.destroy_process_group()
+        proj(integers(rows + rank, 24, generator=torch.Generator()))
+        return "no error for uneven rows"
+    except ValueError as e:
+        if not str(e).startswith("ulysses: every rank must hold the same number of rows, got ["):
+            return str(e)
+    return "ok"
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_gloo_projection_equals_scatter_of_the_projection(world):
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, results)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        got = sorted(results.get(timeout=120) for _ in range(world))
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    assert got == [(r, "ok") for r in range(world)], got
+    assert_ranks_ok(run_rank, world, "gloo", _worker)

@@ -1,0 +1,94 @@
+"""The Ulysses exchange in chunks of heads, overlapped with attention: the
+same result as the unchunked layer and as attention over the whole sequence
+(gloo ranks on CPU here; NCCL where GPUs are), chunk counts checked and
+agreed on by every rank."""
+
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from attnprep import ulysses
+from attnprep.testing import attention_reference, pack_gqa_reference
+from conftest import assert_ranks_ok, run_rank
+
+
+
+
+# (heads, kv_heads, chunks) per world size: MHA, kv split, kv replicated
+CASES = {
+    1: [(4, 4, 2), (8, 4, 4), (4, 1, 1)],
+    2: [(8, 8, 2), (8, 4, 2), (8, 1, 4)],
+    3: [(6, 6, 2), (12, 6, 2), (12, 1, 4)],
+    4: [(16, 16, 4), (16, 8, 2), (16, 2, 2)],
+}
+
+
+@pytest.mark.parametrize("heads, kv, world, chunks", [(8, 4, 2, 2), (12, 2, 4, 3), (8, 8, 2, 4), (8, 1, 2, 2)])
+def test_cpu_chunked_pack_matches_reference(heads, kv, world, chunks):
+    q, k, v = torch.randn(5, heads, 16), torch.randn(5, kv, 16), torch.randn(5, kv, 16)
+    got = ulysses._pack_torch(q, k, v, world, chunks)
+    local_q = heads // world
+    for c in range(chunks):  # chunk c is the unchunked pack of those heads
+        sel = [d * local_q + c * (local_q // chunks) + h for d in range(world) for h in range(local_q // chunks)]
+        if kv >= world:
+            local_kv = kv // world
+            ksel = [d * local_kv + c * (local_kv // chunks) + h for d in range(world) for h in range(local_kv // chunks)]
+        else:
+            ksel = list(range(kv))
+        want = pack_gqa_reference(q[:, sel], k[:, ksel], v[:, ksel], world)
+        assert torch.equal(got[c], want)
+
+
+
+def _worker(rank, world, device):
+    rows, dim = 5, 16
+    for heads, kv, chunks in CASES[world]:
+        for causal in (False, True):
+            g = torch.Generator().manual_seed(heads * 10 + kv)
+            q, k, v = (torch.randn(world * rows, n, dim, generator=g, dtype=torch.float64) for n in (heads, kv, kv))
+            mine = slice(rank * rows, (rank + 1) * rows)
+            local = [t[mine].to(device) for t in (q, k, v)]
+            for c in (chunks, "auto"):
+                got = ulysses.ulysses_attention(*local, causal=causal, chunks=c)
+                want = attention_reference(q, k, v, causal)[mine]
+                err = (got.cpu() - want).abs().max().item()
+                if got.shape != want.shape or err > 1e-12:
+                    return f"({heads}, {kv}, chunks {c}, causal {causal}): error {err}"
+    # every rank refuses a chunk count that does not divide its heads, or one the others do not share
+    q, k, v = (torch.randn(rows, n, dim, dtype=torch.float64, device=device)
+               for n in (4 * world, 2 * world, 2 * world))
+    for chunks, msg in [(3, "ulysses: rank 0: ulysses: chunks must be positive and divide each rank's q heads "
+                            "(and its kv heads when they are split)"),
+                        (2 if rank == 0 else 1, None)]:
+        try:
+            ulysses.ulysses_attention(q, k, v, chunks=chunks)
+            if world > 1 or msg:
+                return f"no error for chunks {chunks}"
+        except ValueError as e:
+            want = msg or ("ulysses: every rank must pass the same chunks, got [2, " +
+                           ", ".join("1" for _ in range(world - 1)) + "]")
+            if str(e) != want:
+                return str(e)
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_gloo_chunked_layer_equals_attention_reference(world):
+    assert_ranks_ok(run_rank, world, "gloo", _worker)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_nccl_chunked_layer_equals_attention_reference(world):
+    """One process per GPU: the CUDA chunked pack and NCCL's asynchronous
+    all_to_alls, overlapped with attention."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < world or world not in CASES:
+        pytest.skip(f"needs {world} CUDA devices")
+    if not dist.is_nccl_available():
+        pytest.skip("no NCCL")
+    import os
+
+    for name, value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                        "NVSHMEM_DISABLE_NVLS": "1"}.items():
+        os.environ.setdefault(name, value)  # NVLink multicast stays off (the ranks inherit these)
+    assert_ranks_ok(run_rank, world, "nccl", _worker)
