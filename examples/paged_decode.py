@@ -1,0 +1,276 @@
+"""A small paged-KV serving loop over a transformers causal LM, with attnprep
+doing RoPE + the KV-cache write.
+
+Each attention layer of the model (its own projection weights) becomes:
+project q, k, v -> (Qwen3: the model's own per-head q/k norm) ->
+``attnprep.rope_pool_fused`` into a paged cache (RoPE table from the model's
+config by ``attnprep.rope_cos_sin_cache``, its rope scaling included) ->
+attention over each request's pages -> the model's output projection.
+Requests of different lengths join and finish at different steps
+(continuous batching); a small page allocator hands out and takes back
+cache pages. Greedy decoding.
+
+    python examples/paged_decode.py                     # small random Llama and Qwen3, on the GPU
+    python examples/paged_decode.py --model /path/to/checkpoint
+
+``backend="reference"`` runs the RoPE + cache write in plain torch
+(attnprep.testing) instead, on any device: what the CPU tests use to check
+the loop itself against transformers' own ``generate``.
+Families: Llama (``LlamaForCausalLM``) and Qwen3 (``Qwen3ForCausalLM``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+import attnprep
+from attnprep.testing import cos_sin, rope_reference
+
+
+class PageAllocator:
+    """Cache pages of ``page_size`` slots: a request owns whole pages; slot
+    ``page * page_size + offset`` holds its token at position ``i`` in page
+    ``pages[i // page_size]``, offset ``i % page_size``."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        self.page_size = page_size
+        self.free_pages: List[int] = list(range(num_pages - 1, -1, -1))
+        self.pages: Dict[int, List[int]] = {}
+
+    def reserve(self, request: int, length: int) -> None:
+        """Enough pages for ``length`` tokens of ``request``; ValueError when the cache is full."""
+        owned = self.pages.setdefault(request, [])
+        need = -(-length // self.page_size) - len(owned)
+        if need > len(self.free_pages):
+            raise ValueError(f"paged cache full: request {request} needs {need} more pages, {len(self.free_pages)} free")
+        owned.extend(self.free_pages.pop() for _ in range(need))
+
+    def slots(self, request: int, start: int, count: int) -> List[int]:
+        pages = self.pages[request]
+        return [pages[i // self.page_size] * self.page_size + i % self.page_size for i in range(start, start + count)]
+
+    def release(self, request: int) -> None:
+        self.free_pages.extend(reversed(self.pages.pop(request, [])))
+
+
+@dataclass
+class Request:
+    rid: int
+    prompt: List[int]
+    max_new_tokens: int
+    generated: List[int] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:  # tokens in the cache once the pending ones are written
+        return len(self.prompt) + len(self.generated)
+
+
+@dataclass
+class Step:
+    """What one forward pass computes: the packed tokens of every scheduled request."""
+    positions: torch.Tensor
+    slots: torch.Tensor
+    segments: List[tuple]  # (request, start in the packed batch, tokens, context length after the step)
+
+
+def _rope_params(config):
+    params = getattr(config, "rope_parameters", None)
+    if params is None:  # transformers 4.x
+        params = dict(getattr(config, "rope_scaling", None) or {}, rope_theta=config.rope_theta)
+    if "rope_theta" not in params:  # per-layer-type parameters are not handled here
+        raise ValueError("paged_decode: the config's rope parameters have no rope_theta")
+    return params
+
+
+class PagedEngine:
+    """The model, its paged cache and the batching loop."""
+
+    def __init__(self, model, *, page_size: int = 16, num_pages: int = 256, backend: str = "attnprep",
+                 pool_dtype: Optional[torch.dtype] = None, max_position: Optional[int] = None):
+        self.model = model
+        config = model.config
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.backend = backend
+        params = _rope_params(config)
+        self.rotary_dim = int(self.head_dim * params.get("partial_rotary_factor", 1.0))
+        self.table = attnprep.rope_cos_sin_cache(
+            self.head_dim, max_position or config.max_position_embeddings, params["rope_theta"],
+            rotary_dim=self.rotary_dim, scaling=params, max_position_embeddings=config.max_position_embeddings,
+            device=self.device)
+        layers = model.model.layers
+        self.pool_dtype = pool_dtype or self.dtype
+        # one buffer for every layer: [layers, pages, 2 (k, v), page_size, kv_heads, head_dim]
+        self.cache = torch.zeros(len(layers), num_pages, 2, page_size, self.kv_heads, self.head_dim,
+                                 device=self.device, dtype=self.pool_dtype)
+        fp8 = self.pool_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+        self.scales = dict(k_scale=torch.ones((), device=self.device), v_scale=torch.ones((), device=self.device)) \
+            if fp8 else {}
+        self.pages = PageAllocator(num_pages, page_size)
+        self.step: Optional[Step] = None
+        for i, layer in enumerate(layers):
+            layer.self_attn = PagedAttention(layer.self_attn, i, self)
+
+    # ------------------------------------------------------------ one layer
+
+    def rope_and_write(self, layer: int, q, k, v):
+        """RoPE on q and k, the rotated k and v into this layer's pages."""
+        s = self.step
+        k_pool, v_pool = self.cache[layer, :, 0], self.cache[layer, :, 1]
+        if self.backend == "attnprep":
+            q_rot, k_rot, _, _ = attnprep.rope_pool_fused(
+                q, k, v, s.positions, s.slots, k_pool, v_pool, head_dim=self.head_dim, num_qo_heads=self.heads,
+                num_kv_heads=self.kv_heads, rope_base=1.0, rotary_dim=self.rotary_dim, cos_sin_cache=self.table,
+                **self.scales)
+            return q_rot, k_rot
+        cos, sin = cos_sin(s.positions, self.rotary_dim, cos_sin_cache=self.table)
+        q_rot = rope_reference(q, cos, sin, self.rotary_dim, True).to(q.dtype).to(q.device)
+        k_rot = rope_reference(k, cos, sin, self.rotary_dim, True).to(k.dtype).to(k.device)
+        page_size = self.pages.page_size
+        k_pool[s.slots // page_size, s.slots % page_size] = k_rot.to(self.pool_dtype)
+        v_pool[s.slots // page_size, s.slots % page_size] = v.to(self.pool_dtype)
+        return q_rot, k_rot
+
+    def attend(self, layer: int, q_rot: torch.Tensor, scaling: float) -> torch.Tensor:
+        """Attention of each request's new tokens over its pages: [T, heads, head_dim]."""
+        out = torch.empty_like(q_rot)
+        rep = self.heads // self.kv_heads
+        for req, start, count, context in self.step.segments:
+            pages = torch.tensor(self.pages.pages[req.rid], device=self.device)
+            kv = self.cache[layer, pages]  # [n_pages, 2, page_size, kv_heads, head_dim]
+            k = kv[:, 0].reshape(-1, self.kv_heads, self.head_dim)[:context].to(q_rot.dtype)
+            v = kv[:, 1].reshape(-1, self.kv_heads, self.head_dim)[:context].to(q_rot.dtype)
+            if self.scales:
+                k, v = k * self.scales["k_scale"].to(k.dtype), v * self.scales["v_scale"].to(v.dtype)
+            q = q_rot[start:start + count]
+            # query i sits at position context - count + i and sees keys up to it
+            mask = torch.arange(context, device=self.device)[None, :] <= (context - count +
+                                                                        torch.arange(count, device=self.device))[:, None]
+            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.repeat_interleave(rep, 1).transpose(0, 1)[None],
+                                               v.repeat_interleave(rep, 1).transpose(0, 1)[None], attn_mask=mask,
+                                               scale=scaling)
+            out[start:start + count] = o[0].transpose(0, 1)
+        return out
+
+    # ------------------------------------------------------------ the loop
+
+    @torch.no_grad()
+    def generate(self, requests: List[Request], arrivals: Optional[List[int]] = None) -> Dict[int, List[int]]:
+        """Greedy decoding with continuous batching: request i joins at step
+        arrivals[i] (its prefill runs with the other requests' decode steps)
+        and leaves, freeing its pages, after its max_new_tokens."""
+        arrivals = arrivals or [0] * len(requests)
+        waiting = sorted(zip(arrivals, range(len(requests))), reverse=True)
+        running: List[Request] = []
+        finished: Dict[int, List[int]] = {}
+        step = 0
+        while waiting or running:
+            while waiting and waiting[-1][0] <= step:
+                running.append(requests[waiting.pop()[1]])
+            if not running:
+                step += 1
+                continue
+            ids, positions, slots, segments = [], [], [], []
+            for req in running:
+                new = req.prompt if not req.generated else req.generated[-1:]
+                first = req.length - len(new) if req.generated else 0
+                self.pages.reserve(req.rid, first + len(new))
+                segments.append((req, len(ids), len(new), first + len(new)))
+                ids += new
+                positions += range(first, first + len(new))
+                slots += self.pages.slots(req.rid, first, len(new))
+            dev = self.device
+            self.step = Step(torch.tensor(positions, device=dev), torch.tensor(slots, device=dev), segments)
+            logits = self.model(input_ids=torch.tensor(ids, device=dev)[None],
+                                position_ids=self.step.positions[None], use_cache=False).logits[0]
+            for req, start, count, _ in segments:
+                req.generated.append(int(logits[start + count - 1].argmax()))
+            for req in [r for r in running if len(r.generated) >= r.max_new_tokens]:
+                running.remove(req)
+                finished[req.rid] = req.generated
+                self.pages.release(req.rid)
+            step += 1
+        return finished
+
+
+class PagedAttention(torch.nn.Module):
+    """A model's attention layer on the engine's paged cache (its own weights)."""
+
+    def __init__(self, inner, layer: int, engine: PagedEngine):
+        super().__init__()
+        self.inner, self.layer = inner, layer
+        self.__dict__["engine"] = engine  # not a submodule
+
+    def forward(self, hidden_states, *args, **kwargs):
+        m, e = self.inner, self.engine
+        x = hidden_states[0]  # [T, hidden]: the packed batch
+        T = x.shape[0]
+        q = m.q_proj(x).view(T, e.heads, e.head_dim)
+        k = m.k_proj(x).view(T, e.kv_heads, e.head_dim)
+        v = m.v_proj(x).view(T, e.kv_heads, e.head_dim)
+        if hasattr(m, "q_norm"):  # Qwen3: RMSNorm of each head, before RoPE
+            q, k = m.q_norm(q), m.k_norm(k)
+        q_rot, _ = e.rope_and_write(self.layer, q.contiguous(), k.contiguous(), v.contiguous())
+        out = e.attend(self.layer, q_rot, m.scaling)
+        return m.o_proj(out.reshape(1, T, -1)), None
+
+
+# ---------------------------------------------------------------- small models
+
+
+def small_model(family: str, dtype=torch.float32, device="cuda", seed=0, layers=2):
+    """A small model of the family with seeded random weights and real head geometry."""
+    import transformers
+
+    torch.manual_seed(seed)
+    if family == "llama":
+        config = transformers.LlamaConfig(
+            hidden_size=1024, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=128, vocab_size=1000, max_position_embeddings=4096,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 1024})
+        model = transformers.LlamaForCausalLM(config)
+    elif family == "qwen3":
+        config = transformers.Qwen3Config(
+            hidden_size=1024, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=128, vocab_size=1000, max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+        model = transformers.Qwen3ForCausalLM(config)
+    else:
+        raise ValueError(f"paged_decode: unknown family {family}")
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", help="a local checkpoint directory (default: small random models)")
+    p.add_argument("--new-tokens", type=int, default=32)
+    a = p.parse_args()
+    import transformers
+
+    models = ([("checkpoint", transformers.AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.bfloat16)
+                .cuda().eval())] if a.model else [(f, small_model(f, torch.bfloat16)) for f in ("llama", "qwen3")])
+    print("| model | requests | new tokens | attnprep loop tok/s |\n|---|---|---|---|")
+    for name, model in models:
+        engine = PagedEngine(model)
+        g = torch.Generator().manual_seed(0)
+        requests = [Request(i, torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist(), a.new_tokens)
+                    for i, n in enumerate((5, 33, 17, 64))]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        engine.generate(requests, arrivals=[0, 0, 3, 7])
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        print(f"| {name} | {len(requests)} | {a.new_tokens} | {len(requests) * a.new_tokens / dt:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
