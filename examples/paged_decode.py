@@ -16,7 +16,8 @@ cache pages. Greedy decoding.
 ``backend="reference"`` runs the RoPE + cache write in plain torch
 (attnprep.testing) instead, on any device: what the CPU tests use to check
 the loop itself against transformers' own ``generate``.
-Families: Llama (``LlamaForCausalLM``) and Qwen3 (``Qwen3ForCausalLM``).
+Families: Llama, Qwen3 (its per-head q/k norm), GPT-NeoX (a fused QKV
+projection, partial rotary) and GPT-J (GPT-J pairs, partial rotary).
 """
 
 from __future__ import annotations
@@ -80,12 +81,47 @@ class Step:
 
 
 def _rope_params(config):
+    if config.model_type == "gptj":  # GPT-J's table: plain RoPE, base 10000, over rotary_dim
+        return {"rope_type": "default", "rope_theta": 10000.0}
     params = getattr(config, "rope_parameters", None)
     if params is None:  # transformers 4.x
         params = dict(getattr(config, "rope_scaling", None) or {}, rope_theta=config.rope_theta)
     if "rope_theta" not in params:  # per-layer-type parameters are not handled here
         raise ValueError("paged_decode: the config's rope parameters have no rope_theta")
     return params
+
+
+# Where each family keeps its attention layers, and how they project.
+def _attention_layers(model):
+    kind = model.config.model_type
+    if kind in ("llama", "qwen3"):
+        return [(layer, "self_attn") for layer in model.model.layers]
+    if kind == "gpt_neox":
+        return [(layer, "attention") for layer in model.gpt_neox.layers]
+    if kind == "gptj":
+        return [(layer, "attn") for layer in model.transformer.h]
+    raise ValueError(f"paged_decode: no adapter for model type {kind}")
+
+
+def _project(m, x, heads, kv_heads, head_dim):
+    """q, k, v [T, h, head_dim] from the layer's own projections (views where they can be)."""
+    T = x.shape[0]
+    if hasattr(m, "query_key_value"):  # GPT-NeoX: per head q | k | v in one projection
+        qkv = m.query_key_value(x).view(T, heads, 3 * head_dim)
+        return qkv[..., :head_dim], qkv[..., head_dim:2 * head_dim], qkv[..., 2 * head_dim:]
+    q = m.q_proj(x).view(T, heads, head_dim)
+    k = m.k_proj(x).view(T, kv_heads, head_dim)
+    v = m.v_proj(x).view(T, kv_heads, head_dim)
+    if hasattr(m, "q_norm"):  # Qwen3: RMSNorm of each head, before RoPE
+        q, k = m.q_norm(q), m.k_norm(k)
+    return q, k, v
+
+
+def _output(m, out):
+    for name in ("o_proj", "dense", "out_proj"):
+        if hasattr(m, name):
+            return getattr(m, name)(out)
+    raise ValueError("paged_decode: the attention layer has no output projection")
 
 
 class PagedEngine:
@@ -98,15 +134,18 @@ class PagedEngine:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.backend = backend
         params = _rope_params(config)
-        self.rotary_dim = int(self.head_dim * params.get("partial_rotary_factor", 1.0))
+        self.is_neox = config.model_type != "gptj"
+        self.rotary_dim = (config.rotary_dim or self.head_dim) if config.model_type == "gptj" else \
+            int(self.head_dim * params.get("partial_rotary_factor", 1.0))
         self.table = attnprep.rope_cos_sin_cache(
             self.head_dim, max_position or config.max_position_embeddings, params["rope_theta"],
             rotary_dim=self.rotary_dim, scaling=params, max_position_embeddings=config.max_position_embeddings,
             device=self.device)
-        layers = model.model.layers
+        layers = _attention_layers(model)
         self.pool_dtype = pool_dtype or self.dtype
         # one buffer for every layer: [layers, pages, 2 (k, v), page_size, kv_heads, head_dim]
         self.cache = torch.zeros(len(layers), num_pages, 2, page_size, self.kv_heads, self.head_dim,
@@ -116,8 +155,8 @@ class PagedEngine:
             if fp8 else {}
         self.pages = PageAllocator(num_pages, page_size)
         self.step: Optional[Step] = None
-        for i, layer in enumerate(layers):
-            layer.self_attn = PagedAttention(layer.self_attn, i, self)
+        for i, (layer, name) in enumerate(layers):
+            setattr(layer, name, PagedAttention(getattr(layer, name), i, self))
 
     # ------------------------------------------------------------ one layer
 
@@ -128,12 +167,12 @@ class PagedEngine:
         if self.backend == "attnprep":
             q_rot, k_rot, _, _ = attnprep.rope_pool_fused(
                 q, k, v, s.positions, s.slots, k_pool, v_pool, head_dim=self.head_dim, num_qo_heads=self.heads,
-                num_kv_heads=self.kv_heads, rope_base=1.0, rotary_dim=self.rotary_dim, cos_sin_cache=self.table,
-                **self.scales)
+                num_kv_heads=self.kv_heads, rope_base=1.0, rotary_dim=self.rotary_dim, is_neox=self.is_neox,
+                cos_sin_cache=self.table, **self.scales)
             return q_rot, k_rot
         cos, sin = cos_sin(s.positions, self.rotary_dim, cos_sin_cache=self.table)
-        q_rot = rope_reference(q, cos, sin, self.rotary_dim, True).to(q.dtype).to(q.device)
-        k_rot = rope_reference(k, cos, sin, self.rotary_dim, True).to(k.dtype).to(k.device)
+        q_rot = rope_reference(q, cos, sin, self.rotary_dim, self.is_neox).to(q.dtype).to(q.device)
+        k_rot = rope_reference(k, cos, sin, self.rotary_dim, self.is_neox).to(k.dtype).to(k.device)
         page_size = self.pages.page_size
         k_pool[s.slots // page_size, s.slots % page_size] = k_rot.to(self.pool_dtype)
         v_pool[s.slots // page_size, s.slots % page_size] = v.to(self.pool_dtype)
@@ -212,15 +251,10 @@ class PagedAttention(torch.nn.Module):
     def forward(self, hidden_states, *args, **kwargs):
         m, e = self.inner, self.engine
         x = hidden_states[0]  # [T, hidden]: the packed batch
-        T = x.shape[0]
-        q = m.q_proj(x).view(T, e.heads, e.head_dim)
-        k = m.k_proj(x).view(T, e.kv_heads, e.head_dim)
-        v = m.v_proj(x).view(T, e.kv_heads, e.head_dim)
-        if hasattr(m, "q_norm"):  # Qwen3: RMSNorm of each head, before RoPE
-            q, k = m.q_norm(q), m.k_norm(k)
-        q_rot, _ = e.rope_and_write(self.layer, q.contiguous(), k.contiguous(), v.contiguous())
+        q, k, v = _project(m, x, e.heads, e.kv_heads, e.head_dim)
+        q_rot, _ = e.rope_and_write(self.layer, q, k, v)
         out = e.attend(self.layer, q_rot, m.scaling)
-        return m.o_proj(out.reshape(1, T, -1)), None
+        return _output(m, out.reshape(1, x.shape[0], -1)), None
 
 
 # ---------------------------------------------------------------- small models
@@ -231,19 +265,29 @@ def small_model(family: str, dtype=torch.float32, device="cuda", seed=0, layers=
     import transformers
 
     torch.manual_seed(seed)
+    no_special = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)  # a vocabulary of 1000
     if family == "llama":
         config = transformers.LlamaConfig(
             hidden_size=1024, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=8,
             num_key_value_heads=2, head_dim=128, vocab_size=1000, max_position_embeddings=4096,
             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                             "high_freq_factor": 4.0, "original_max_position_embeddings": 1024})
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}, **no_special)
         model = transformers.LlamaForCausalLM(config)
     elif family == "qwen3":
         config = transformers.Qwen3Config(
             hidden_size=1024, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=8,
             num_key_value_heads=2, head_dim=128, vocab_size=1000, max_position_embeddings=4096,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **no_special)
         model = transformers.Qwen3ForCausalLM(config)
+    elif family == "gpt_neox":  # rotary over a quarter of each head
+        config = transformers.GPTNeoXConfig(
+            hidden_size=1024, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=8,
+            vocab_size=1000, max_position_embeddings=4096, rotary_pct=0.25, **no_special)
+        model = transformers.GPTNeoXForCausalLM(config)
+    elif family == "gptj":  # GPT-J pairs over the first 64 of 128 elements
+        config = transformers.GPTJConfig(n_embd=1024, n_head=8, rotary_dim=64, n_layer=layers, vocab_size=1000,
+                                         n_positions=4096, **no_special)
+        model = transformers.GPTJForCausalLM(config)
     else:
         raise ValueError(f"paged_decode: unknown family {family}")
     return model.to(device=device, dtype=dtype).eval()
@@ -257,7 +301,7 @@ def main():
     import transformers
 
     models = ([("checkpoint", transformers.AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.bfloat16)
-                .cuda().eval())] if a.model else [(f, small_model(f, torch.bfloat16)) for f in ("llama", "qwen3")])
+                .cuda().eval())] if a.model else [(f, small_model(f, torch.bfloat16)) for f in ("llama", "qwen3", "gpt_neox", "gptj")])
     print("| model | requests | new tokens | attnprep loop tok/s |\n|---|---|---|---|")
     for name, model in models:
         engine = PagedEngine(model)

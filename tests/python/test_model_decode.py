@@ -1,5 +1,6 @@
-"""examples/paged_decode.py inside real model code: transformers' own Llama
-and Qwen3 (small configs, seeded random weights, real head geometry), each
+"""examples/paged_decode.py inside real model code: transformers' own Llama,
+Qwen3, GPT-NeoX and GPT-J (small configs, seeded random weights, real head
+geometry), each
 attention layer on a paged cache, continuous batching; the generated tokens
 against transformers' own generate(do_sample=False).
 
@@ -42,7 +43,7 @@ def reference_tokens(model, requests):
     for req in requests:
         ids = torch.tensor(req.prompt, device=model.device)[None]
         gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=req.max_new_tokens,
-                             min_new_tokens=req.max_new_tokens, do_sample=False, pad_token_id=0)
+                             do_sample=False, pad_token_id=0)
         out[req.rid] = gen[0, ids.shape[1]:].tolist()
     return out
 
@@ -62,14 +63,17 @@ def run(family, device, backend, new_tokens, dtype=torch.float32, **engine_kw):
     return got, want
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+FAMILIES = ["llama", "qwen3", "gpt_neox", "gptj"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_loop_against_transformers_on_the_cpu(family):
     got, want = run(family, "cpu", "reference", 12)
     assert got == want
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_attnprep_in_the_model_float32_token_for_token(family):
     got, want = run(family, "cuda", "attnprep", 64)
     assert got == want
