@@ -78,6 +78,12 @@ class Step:
     positions: torch.Tensor
     slots: torch.Tensor
     segments: List[tuple]  # (request, start in the packed batch, tokens, context length after the step)
+    # a decode step of fixed shapes (one token per row, rows padded to a bucket):
+    page_table: Optional[torch.Tensor] = None  # [rows, pages per row]
+    context: Optional[torch.Tensor] = None     # [rows]: tokens in the cache after the step (0: a padding row)
+
+
+DECODE_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 def _rope_params(config):
@@ -155,6 +161,8 @@ class PagedEngine:
             if fp8 else {}
         self.pages = PageAllocator(num_pages, page_size)
         self.step: Optional[Step] = None
+        self.graphs: Dict[int, tuple] = {}  # bucket -> (graph, its input tensors, its logits)
+        self.logits: Optional[Dict[int, List[torch.Tensor]]] = None  # per request and step, when recording
         for i, (layer, name) in enumerate(layers):
             setattr(layer, name, PagedAttention(getattr(layer, name), i, self))
 
@@ -178,17 +186,32 @@ class PagedEngine:
         v_pool[s.slots // page_size, s.slots % page_size] = v.to(self.pool_dtype)
         return q_rot, k_rot
 
+    def _kv(self, layer: int, pages: torch.Tensor, dtype):
+        """k, v of the given pages ([..., n]), dequantized: [..., n * page_size, kv_heads, head_dim] each."""
+        kv = self.cache[layer, pages]  # [..., n, 2, page_size, kv_heads, head_dim]
+        shape = kv.shape[:-5] + (-1, self.kv_heads, self.head_dim)
+        k, v = kv.select(-4, 0).reshape(shape).to(dtype), kv.select(-4, 1).reshape(shape).to(dtype)
+        if self.scales:
+            k, v = k * self.scales["k_scale"].to(dtype), v * self.scales["v_scale"].to(dtype)
+        return k, v
+
     def attend(self, layer: int, q_rot: torch.Tensor, scaling: float) -> torch.Tensor:
         """Attention of each request's new tokens over its pages: [T, heads, head_dim]."""
+        s = self.step
+        if s.page_table is not None:  # decode, fixed shapes: every row one query over its padded pages
+            k, v = self._kv(layer, s.page_table, q_rot.dtype)  # [rows, L, kv_heads, D]
+            rep = self.heads // self.kv_heads
+            mask = torch.arange(k.shape[1], device=self.device)[None, :] < s.context[:, None]
+            mask[:, 0] = True  # padding rows attend to something (their output is never read)
+            o = F.scaled_dot_product_attention(q_rot[:, :, None], k.repeat_interleave(rep, 2).transpose(1, 2),
+                                               v.repeat_interleave(rep, 2).transpose(1, 2),
+                                               attn_mask=mask[:, None, None, :], scale=scaling)
+            return o[:, :, 0]
         out = torch.empty_like(q_rot)
         rep = self.heads // self.kv_heads
         for req, start, count, context in self.step.segments:
-            pages = torch.tensor(self.pages.pages[req.rid], device=self.device)
-            kv = self.cache[layer, pages]  # [n_pages, 2, page_size, kv_heads, head_dim]
-            k = kv[:, 0].reshape(-1, self.kv_heads, self.head_dim)[:context].to(q_rot.dtype)
-            v = kv[:, 1].reshape(-1, self.kv_heads, self.head_dim)[:context].to(q_rot.dtype)
-            if self.scales:
-                k, v = k * self.scales["k_scale"].to(k.dtype), v * self.scales["v_scale"].to(v.dtype)
+            k, v = self._kv(layer, torch.tensor(self.pages.pages[req.rid], device=self.device), q_rot.dtype)
+            k, v = k[:context], v[:context]
             q = q_rot[start:start + count]
             # query i sits at position context - count + i and sees keys up to it
             mask = torch.arange(context, device=self.device)[None, :] <= (context - count +
@@ -201,11 +224,63 @@ class PagedEngine:
 
     # ------------------------------------------------------------ the loop
 
+    def _decode_step(self, running: List[Request], bucket: int, max_pages: int) -> Step:
+        """A decode-only step of fixed shapes: one token per running request,
+        rows padded to `bucket` (padding rows: slot -1, nothing written)."""
+        page_table = torch.zeros(bucket, max_pages, dtype=torch.long)
+        context = torch.zeros(bucket, dtype=torch.long)
+        positions = torch.zeros(bucket, dtype=torch.long)
+        slots = torch.full((bucket,), -1, dtype=torch.long)
+        for row, req in enumerate(running):
+            self.pages.reserve(req.rid, req.length)
+            owned = self.pages.pages[req.rid]
+            page_table[row, :len(owned)] = torch.tensor(owned)
+            context[row] = req.length
+            positions[row] = req.length - 1
+            slots[row] = self.pages.slots(req.rid, req.length - 1, 1)[0]
+        dev = self.device
+        return Step(positions.to(dev), slots.to(dev), [(req, row, 1, req.length) for row, req in enumerate(running)],
+                    page_table.to(dev), context.to(dev))
+
+    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids[None], position_ids=self.step.positions[None], use_cache=False).logits[0]
+
+    def _replay(self, step: Step, ids: torch.Tensor, bucket: int) -> torch.Tensor:
+        """The decode step as a CUDA graph per bucket: captured once (after a
+        warm-up on a side stream), then its input tensors are refreshed in
+        place and the graph replayed."""
+        fresh = (ids, step.positions, step.slots, step.page_table, step.context)
+        if bucket not in self.graphs:
+            inputs = tuple(t.clone() for t in fresh)
+            self.step = Step(inputs[1], inputs[2], step.segments, inputs[3], inputs[4])
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._forward(inputs[0])
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                logits = self._forward(inputs[0])
+            self.graphs[bucket] = (graph, inputs, logits)
+        graph, inputs, logits = self.graphs[bucket]
+        for dst, src in zip(inputs, fresh):
+            dst.copy_(src)
+        self.step = Step(inputs[1], inputs[2], step.segments, inputs[3], inputs[4])
+        graph.replay()
+        return logits
+
     @torch.no_grad()
-    def generate(self, requests: List[Request], arrivals: Optional[List[int]] = None) -> Dict[int, List[int]]:
+    def generate(self, requests: List[Request], arrivals: Optional[List[int]] = None,
+                 static_decode: bool = False, cuda_graphs: bool = False) -> Dict[int, List[int]]:
         """Greedy decoding with continuous batching: request i joins at step
         arrivals[i] (its prefill runs with the other requests' decode steps)
-        and leaves, freeing its pages, after its max_new_tokens."""
+        and leaves, freeing its pages, after its max_new_tokens.
+        static_decode: steps where every running request decodes run with
+        fixed shapes (rows padded to a bucket of DECODE_BUCKETS, pages to a
+        fixed count), the form a CUDA graph can replay; cuda_graphs: and
+        replay them as CUDA graphs, one per bucket (implies static_decode)."""
+        static_decode = static_decode or cuda_graphs
+        max_pages = self.cache.shape[1]
         arrivals = arrivals or [0] * len(requests)
         waiting = sorted(zip(arrivals, range(len(requests))), reverse=True)
         running: List[Request] = []
@@ -215,6 +290,18 @@ class PagedEngine:
             while waiting and waiting[-1][0] <= step:
                 running.append(requests[waiting.pop()[1]])
             if not running:
+                step += 1
+                continue
+            if static_decode and all(r.generated for r in running) and len(running) <= DECODE_BUCKETS[-1]:
+                bucket = next(b for b in DECODE_BUCKETS if b >= len(running))
+                self.step = self._decode_step(running, bucket, max_pages)
+                ids = torch.zeros(bucket, dtype=torch.long)
+                ids[:len(running)] = torch.tensor([r.generated[-1] for r in running])
+                ids = ids.to(self.device)
+                logits = self._replay(self.step, ids, bucket) if cuda_graphs else self._forward(ids)
+                for row, req in enumerate(running):
+                    self._emit(req, logits[row])
+                self._retire(running, finished)
                 step += 1
                 continue
             ids, positions, slots, segments = [], [], [], []
@@ -228,16 +315,23 @@ class PagedEngine:
                 slots += self.pages.slots(req.rid, first, len(new))
             dev = self.device
             self.step = Step(torch.tensor(positions, device=dev), torch.tensor(slots, device=dev), segments)
-            logits = self.model(input_ids=torch.tensor(ids, device=dev)[None],
-                                position_ids=self.step.positions[None], use_cache=False).logits[0]
+            logits = self._forward(torch.tensor(ids, device=dev))
             for req, start, count, _ in segments:
-                req.generated.append(int(logits[start + count - 1].argmax()))
-            for req in [r for r in running if len(r.generated) >= r.max_new_tokens]:
-                running.remove(req)
-                finished[req.rid] = req.generated
-                self.pages.release(req.rid)
+                self._emit(req, logits[start + count - 1])
+            self._retire(running, finished)
             step += 1
         return finished
+
+    def _emit(self, req: Request, logits: torch.Tensor) -> None:
+        req.generated.append(int(logits.argmax()))
+        if self.logits is not None:
+            self.logits.setdefault(req.rid, []).append(logits.float().cpu())
+
+    def _retire(self, running: List[Request], finished: Dict[int, List[int]]) -> None:
+        for req in [r for r in running if len(r.generated) >= r.max_new_tokens]:
+            running.remove(req)
+            finished[req.rid] = req.generated
+            self.pages.release(req.rid)
 
 
 class PagedAttention(torch.nn.Module):
@@ -295,25 +389,40 @@ def small_model(family: str, dtype=torch.float32, device="cuda", seed=0, layers=
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", help="a local checkpoint directory (default: small random models)")
-    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--model", help="a local checkpoint directory (default: small random models of each family)")
+    p.add_argument("--new-tokens", type=int, default=64)
     a = p.parse_args()
     import transformers
 
-    models = ([("checkpoint", transformers.AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.bfloat16)
-                .cuda().eval())] if a.model else [(f, small_model(f, torch.bfloat16)) for f in ("llama", "qwen3", "gpt_neox", "gptj")])
-    print("| model | requests | new tokens | attnprep loop tok/s |\n|---|---|---|---|")
+    if a.model:
+        models = [("checkpoint", transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16))]
+    else:
+        models = [(f, small_model(f, torch.bfloat16, "cpu")) for f in ("llama", "qwen3", "gpt_neox", "gptj")]
+    print("| model | requests x new tokens | attnprep loop, graphs, tok/s | transformers generate tok/s |")
+    print("|---|---|---|---|")
     for name, model in models:
-        engine = PagedEngine(model)
+        model = model.cuda().eval()
         g = torch.Generator().manual_seed(0)
-        requests = [Request(i, torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist(), a.new_tokens)
-                    for i, n in enumerate((5, 33, 17, 64))]
+        prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 33, 17, 64)]
+        reference = {}
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        engine.generate(requests, arrivals=[0, 0, 3, 7])
+        for i, prompt in enumerate(prompts):  # one request at a time, as generate takes them unpadded
+            ids = torch.tensor(prompt, device="cuda")[None]
+            reference[i] = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new_tokens,
+                                          do_sample=False, pad_token_id=0)
         torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        print(f"| {name} | {len(requests)} | {a.new_tokens} | {len(requests) * a.new_tokens / dt:.0f} |")
+        t_hf = time.perf_counter() - t0
+        engine = PagedEngine(model)
+        for warm in (True, False):  # the first run captures the graphs
+            requests = [Request(i, p, a.new_tokens) for i, p in enumerate(prompts)]
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            engine.generate(requests, arrivals=[0, 0, 3, 7], cuda_graphs=True)
+            torch.cuda.synchronize()
+            t_ours = time.perf_counter() - t0
+        n = len(prompts) * a.new_tokens
+        print(f"| {name} | {len(prompts)} x {a.new_tokens} | {n / t_ours:.0f} | {n / t_hf:.0f} |")
 
 
 if __name__ == "__main__":

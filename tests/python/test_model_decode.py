@@ -48,7 +48,8 @@ def reference_tokens(model, requests):
     return out
 
 
-def run(family, device, backend, new_tokens, dtype=torch.float32, **engine_kw):
+def run(family, device, backend, new_tokens, dtype=torch.float32, static_decode=False, cuda_graphs=False,
+        **engine_kw):
     pytest.importorskip("transformers")
     model = pd.small_model(family, dtype, device)
     reference = copy.deepcopy(model)
@@ -58,7 +59,8 @@ def run(family, device, backend, new_tokens, dtype=torch.float32, **engine_kw):
     requests = [pd.Request(i, p, n) for i, (p, n) in enumerate(zip(prompts, lengths))]
     want = reference_tokens(reference, requests)
     engine = pd.PagedEngine(model, page_size=16, num_pages=64, backend=backend, **engine_kw)
-    got = engine.generate(requests, arrivals=[0, 0, 2, 5])  # requests join and leave at different steps
+    got = engine.generate(requests, arrivals=[0, 0, 2, 5], static_decode=static_decode,  # join and leave mid-run
+                          cuda_graphs=cuda_graphs)
     assert sorted(engine.pages.free_pages) == list(range(64))  # every page came back
     return got, want
 
@@ -72,8 +74,43 @@ def test_the_loop_against_transformers_on_the_cpu(family):
     assert got == want
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_fixed_shape_decode_steps_on_the_cpu(family):
+    """Decode steps padded to a bucket, pages to a fixed count, context as a
+    mask: the shapes a CUDA graph replays, and the same tokens."""
+    got, want = run(family, "cpu", "reference", 12, static_decode=True)
+    assert got == want
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_attnprep_in_the_model_float32_token_for_token(family):
     got, want = run(family, "cuda", "attnprep", 64)
     assert got == want
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decode_steps_replayed_as_cuda_graphs(family):
+    got, want = run(family, "cuda", "attnprep", 64, cuda_graphs=True)
+    assert got == want
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fp8_pool_logits_against_the_bf16_pool():
+    """fp8 (e4m3, unit scales) instead of bf16 cache pages: the error it adds
+    to the first step's logits (the prefill reads its keys and values back
+    from the cache), reported."""
+    pytest.importorskip("transformers")
+    first = {}
+    for pool_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        engine = pd.PagedEngine(pd.small_model("llama", torch.bfloat16, "cuda"), backend="attnprep",
+                                pool_dtype=pool_dtype)
+        engine.logits = {}
+        g = torch.Generator().manual_seed(2)
+        engine.generate([pd.Request(0, torch.randint(0, 1000, (40,), generator=g).tolist(), 1)])
+        first[pool_dtype] = engine.logits[0][0]
+    err = (first[torch.float8_e4m3fn] - first[torch.bfloat16]).abs().max().item()
+    scale = first[torch.bfloat16].abs().max().item()
+    print(f"fp8 pool: max |logit error| {err:.3g} against max |logit| {scale:.3g}")
+    assert 0 < err < 0.25 * scale  # fp8 does change them, within a sanity bound; the value is what gets reported
