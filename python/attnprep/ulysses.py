@@ -84,7 +84,8 @@ def _check_local(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
 # What every rank tells the others before any data moves: its geometry, then
 # the verdict of its local checks (0: passed, 1: ValueError, 2: TypeError)
 # with the message as UTF-8 bytes, one per int64.
-_FIELDS = ("rows", "q heads", "kv heads", "head_dim", "dtype", "chunks")
+_FIELDS = ("rows", "q heads", "kv heads", "head_dim", "dtype", "chunks", "wire_dtype")
+_WIRE = {None: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 _MESSAGE_BYTES = 240
 _DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
            torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
@@ -102,13 +103,22 @@ def _local_chunks(heads: int, kv: int, world: int, chunks) -> int:
     return chunks
 
 
-def _describe(q, k, v, world: int, chunks=1) -> Tensor:
+def _wire_code(wire_dtype, chunks=1) -> int:
+    if wire_dtype not in _WIRE:
+        raise ValueError("ulysses: wire_dtype must be None, torch.float8_e4m3fn or torch.float8_e5m2")
+    if wire_dtype is not None and chunks != 1:
+        raise ValueError("ulysses: wire_dtype needs chunks=1")
+    return _WIRE[wire_dtype]
+
+
+def _describe(q, k, v, world: int, chunks=1, wire_dtype=None) -> Tensor:
     info = torch.zeros(len(_FIELDS) + 1 + _MESSAGE_BYTES, dtype=torch.int64)
     try:
         _check_local(q, k, v, world)
         chunks = _local_chunks(q.shape[1], k.shape[1], world, chunks)
+        wire = _wire_code(wire_dtype, chunks)
         dtype = _DTYPES.index(q.dtype) + 1 if q.dtype in _DTYPES else 0
-        info[: len(_FIELDS)] = torch.tensor([q.shape[0], q.shape[1], k.shape[1], q.shape[2], dtype, chunks])
+        info[: len(_FIELDS)] = torch.tensor([q.shape[0], q.shape[1], k.shape[1], q.shape[2], dtype, chunks, wire])
     except (ValueError, TypeError) as e:
         info[len(_FIELDS)] = 1 if isinstance(e, ValueError) else 2
         text = str(e).encode()[:_MESSAGE_BYTES]
@@ -116,13 +126,13 @@ def _describe(q, k, v, world: int, chunks=1) -> Tensor:
     return info
 
 
-def _agree(q, k, v, group, chunks=1) -> int:
+def _agree(q, k, v, group, chunks=1, wire_dtype=None) -> int:
     """Every rank raises the same error, or none does; returns the chunk count."""
     world, _ = _world(group)
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    mine = _describe(q, k, v, world, chunks).to(device)
+    mine = _describe(q, k, v, world, chunks, wire_dtype).to(device)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
     every = [t.cpu() for t in every]
@@ -140,9 +150,11 @@ def _agree(q, k, v, group, chunks=1) -> int:
         if len(set(values)) != 1:
             if field == "dtype":
                 values = [_DTYPES[x - 1] if x else "another dtype" for x in values]
+            if field == "wire_dtype":
+                values = [next(d for d, c in _WIRE.items() if c == x) for x in values]
             shown = "[" + ", ".join(str(x) for x in values) + "]"
             raise ValueError(f"ulysses: every rank must pass the same {field}, got {shown}")
-    return int(every[0][len(_FIELDS) - 1])
+    return int(every[0][_FIELDS.index("chunks")])
 
 
 def _pack_torch(q: Tensor, k: Tensor, v: Tensor, world: int, chunks: int = 1) -> Tensor:
@@ -205,39 +217,73 @@ class _Pending:
         return self._finish()
 
 
-def scatter_heads(q: Tensor, k: Tensor, v: Tensor, group=None, async_op: bool = False, validate: bool = True):
+def _to_wire(x: Tensor, wire_dtype) -> Tensor:
+    """``x [W, rows, ...]`` (head_dim last) -> bytes ``[W, rows, n * D + 4 n]``:
+    each of a row's n blocks of head_dim values as fp8 of ``x / scale``, then
+    the n float32 scales (the block's largest magnitude over the format's)."""
+    world, rows, dim = x.shape[0], x.shape[1], x.shape[-1]
+    blocks = x.reshape(world, rows, -1, dim).float()
+    fmax = torch.finfo(wire_dtype).max
+    scale = blocks.abs().amax(-1) / fmax
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    values = (blocks / scale[..., None]).clamp(-fmax, fmax).to(wire_dtype)
+    return torch.cat([values.view(torch.uint8).reshape(world, rows, -1),
+                      scale.contiguous().view(torch.uint8).reshape(world, rows, -1)], dim=-1)
+
+
+def _from_wire(buf: Tensor, shape, wire_dtype, dtype) -> Tensor:
+    """The inverse of _to_wire: ``x`` of ``shape`` and ``dtype`` again (up to the fp8 rounding)."""
+    world, rows, dim = shape[0], shape[1], shape[-1]
+    n = buf.shape[-1] // (dim + 4)
+    values = buf[..., : n * dim].contiguous().view(wire_dtype).reshape(world, rows, n, dim)
+    scale = buf[..., n * dim:].contiguous().view(torch.float32).reshape(world, rows, n, 1)
+    return (values.float() * scale).to(dtype).reshape(shape)
+
+
+def _exchange(send: Tensor, group, world: int, async_op: bool, wire_dtype):
+    """One all_to_all_single of ``send`` (as fp8 bytes when wire_dtype):
+    returns (work or None, a function giving the received tensor)."""
+    payload = send if wire_dtype is None else _to_wire(send, wire_dtype)
+    if world == 1:
+        recv, work = payload, None
+    else:
+        recv = torch.empty_like(payload)
+        work = dist.all_to_all_single(recv, payload, group=group, async_op=async_op)
+    if wire_dtype is None:
+        return work, lambda: recv
+    return work, lambda: _from_wire(recv, send.shape, wire_dtype, send.dtype)
+
+
+def scatter_heads(q: Tensor, k: Tensor, v: Tensor, group=None, async_op: bool = False, validate: bool = True,
+                  wire_dtype=None):
     """Input side: the local sequence shard of all heads -> the whole sequence
-    of this rank's heads, with one all_to_all_single.
+    of this rank's heads, with one all_to_all_single (fp8 on the wire with
+    ``wire_dtype``).
 
     Returns ``(q, k, v)`` each ``[W * rows, local_heads, D]`` (views of one
     receive buffer), or with ``async_op=True`` an object whose ``wait()``
     returns them, so independent work can overlap the exchange."""
     world, _ = _world(group)
     if validate:
-        _agree(q, k, v, group)
+        _agree(q, k, v, group, 1, wire_dtype)
     else:
         _check_local(q, k, v, world)
-    packed = _pack(q, k, v, world)
-    recv = torch.empty_like(packed)
-    work = dist.all_to_all_single(recv, packed, group=group, async_op=async_op) if world > 1 else None
-    if world == 1:
-        recv = packed
-    finish = lambda: _unpack(recv, q.shape[1], k.shape[1], q.shape[2], world)  # noqa: E731
+        _wire_code(wire_dtype)
+    work, received = _exchange(_pack(q, k, v, world), group, world, async_op, wire_dtype)
+    finish = lambda: _unpack(received(), q.shape[1], k.shape[1], q.shape[2], world)  # noqa: E731
     return _Pending(work, finish) if async_op else finish()
 
 
-def gather_heads(out: Tensor, group=None, async_op: bool = False):
+def gather_heads(out: Tensor, group=None, async_op: bool = False, wire_dtype=None):
     """Output side: ``[W * rows, local_heads, D]`` attention output of this
     rank's heads -> ``[rows, heads, D]`` for the local shard, with one
-    all_to_all_single and usp_merge_heads."""
+    all_to_all_single (fp8 on the wire with ``wire_dtype``) and usp_merge_heads."""
     world, _ = _world(group)
+    _wire_code(wire_dtype)
     total, h, dim = out.shape
     send = out.reshape(world, total // world, h, dim).contiguous()
-    recv = torch.empty_like(send)
-    work = dist.all_to_all_single(recv, send, group=group, async_op=async_op) if world > 1 else None
-    if world == 1:
-        recv = send
-    finish = lambda: _merge(recv)  # noqa: E731
+    work, received = _exchange(send, group, world, async_op, wire_dtype)
+    finish = lambda: _merge(received())  # noqa: E731
     return _Pending(work, finish) if async_op else finish()
 
 
@@ -346,7 +392,7 @@ class UlyssesQKVProjection(torch.nn.Module):
 
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, attn_fn: Optional[AttnFn] = None,
-                      causal: bool = False, validate: bool = True, chunks=1) -> Tensor:
+                      causal: bool = False, validate: bool = True, chunks=1, wire_dtype=None) -> Tensor:
     """Attention over the whole sequence for this rank's shard.
 
     ``q`` ``[rows, H, D]``, ``k``/``v`` ``[rows, H_kv, D]`` (the local rows of
@@ -354,21 +400,24 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, attn_fn: Opti
     ``[S, h, D]`` (default: scaled_dot_product_attention, ``causal`` as
     given). ``chunks`` > 1 (or ``"auto"``) splits each rank's heads into that
     many groups and overlaps the exchange of one group with attention on the
-    previous one, both ways. Returns ``[rows, H, D]``."""
+    previous one, both ways. ``wire_dtype`` (fp8) halves the bytes of both
+    exchanges (docs/contract.md). Returns ``[rows, H, D]``."""
     if chunks == 1:
-        ql, kl, vl = scatter_heads(q, k, v, group, validate=validate)
+        ql, kl, vl = scatter_heads(q, k, v, group, validate=validate, wire_dtype=wire_dtype)
         out = (attn_fn or sdpa(causal))(ql, kl, vl)
-        return gather_heads(out, group)
-    return _chunked_attention(q, k, v, group, attn_fn or sdpa(causal), validate, chunks)
+        return gather_heads(out, group, wire_dtype=wire_dtype)
+    return _chunked_attention(q, k, v, group, attn_fn or sdpa(causal), validate, chunks, wire_dtype)
 
 
-def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, validate: bool, chunks) -> Tensor:
+def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, validate: bool, chunks,
+                       wire_dtype=None) -> Tensor:
     world, _ = _world(group)
-    if validate:
-        chunks = _agree(q, k, v, group, chunks)
+    if validate:  # a wire_dtype (chunks=1 only) fails here on every rank alike
+        chunks = _agree(q, k, v, group, chunks, wire_dtype)
     else:
         _check_local(q, k, v, world)
         chunks = _local_chunks(q.shape[1], k.shape[1], world, chunks)
+        _wire_code(wire_dtype, chunks)
     rows, heads, dim = q.shape
     kv = k.shape[1]
     local_q, split = heads // world, kv >= world
@@ -404,9 +453,11 @@ class UlyssesAttention(torch.nn.Module):
     """Module form of :func:`ulysses_attention`."""
 
     def __init__(self, group=None, attn_fn: Optional[AttnFn] = None, causal: bool = False, validate: bool = True,
-                 chunks=1):
+                 chunks=1, wire_dtype=None):
         super().__init__()
-        self.group, self.attn_fn, self.causal, self.validate, self.chunks = group, attn_fn, causal, validate, chunks
+        self.group, self.attn_fn, self.causal, self.validate = group, attn_fn, causal, validate
+        self.chunks, self.wire_dtype = chunks, wire_dtype
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return ulysses_attention(q, k, v, self.group, self.attn_fn, self.causal, self.validate, self.chunks)
+        return ulysses_attention(q, k, v, self.group, self.attn_fn, self.causal, self.validate, self.chunks,
+                                 self.wire_dtype)
