@@ -26,6 +26,8 @@ fi
 # stop the build: the tests that import them then fail loudly instead.
 test_need=()
 $PY -c "import pytest" 2>/dev/null || test_need+=("pytest>=7")
+# numpy: torch warns at every import without it
+$PY -c "import numpy" 2>/dev/null || test_need+=("numpy")
 # libclang: the strict syntax pass over the Metal source (tests/python/test_metal_source.py)
 $PY -c "import clang.cindex" 2>/dev/null || test_need+=("libclang>=16")
 if [ ${#test_need[@]} -gt 0 ]; then
