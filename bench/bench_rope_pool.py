@@ -9,7 +9,10 @@ device-to-device copy of the same bytes, measured in the same run; CUDA-graph
 replay per call for T <= 512 (20 calls back to back per graph), with
 programmatic dependent launch (PDL) on and off; the plain-PyTorch
 composition (rope on q and k, then index_copy_ into the pools) eager and
-under torch.compile (compiled per T, static shapes).
+under torch.compile (compiled per T, static shapes). Then the paged / fp8
+cache table, and the QK-norm table (q/k RMSNorm + RoPE + pool write, 32/8 and
+64/8 heads, beside RoPE alone on the same data; the compiled peer in its
+fastest of two formulations). ``--only rope|formats|norm`` runs one table.
 """
 
 from __future__ import annotations
@@ -67,6 +70,88 @@ def torch_rope_paged(q, k, v, positions, slots, k_pool, v_pool, freqs, layout, p
         k_pool[pages, :, offs] = kr
         v_pool[pages, :, offs] = vr
     return q_rot, k_rot
+
+
+def rms_norm_model(x, w, eps):
+    """Qwen3's RMSNorm as the model writes it: float32 inside, weight * T(normalized)."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rms_norm_f32(x, w, eps):
+    """The same norm kept in float32 to the end, one rounding (fewer casts for Inductor)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def torch_norm_rope_pool(q, k, v, positions, slots, k_pool, v_pool, freqs, wq, wk, eps, norm):
+    q_rot, k_rot = torch_rope(norm(q, wq, eps), norm(k, wk, eps), positions, freqs)
+    k_pool.index_copy_(0, slots, k_rot)
+    v_pool.index_copy_(0, slots, v)
+    return q_rot, k_rot
+
+
+def torch_norm_rope_pool_put(q, k, v, positions, slots, k_pool, v_pool, freqs, wq, wk, eps, norm):
+    q_rot, k_rot = torch_rope(norm(q, wq, eps), norm(k, wk, eps), positions, freqs)
+    k_pool[slots] = k_rot
+    v_pool[slots] = v
+    return q_rot, k_rot
+
+
+NORM_PEERS = {"model norm, index_copy_": (torch_norm_rope_pool, rms_norm_model),
+              "float32 norm, index_put": (torch_norm_rope_pool_put, rms_norm_f32)}
+
+
+def run_norm(quick: bool = False, with_peers: bool = True):
+    """QK norm + RoPE + pool write (Qwen3 geometries), beside RoPE alone on the same data."""
+    iters = 10 if quick else 50
+    g = torch.Generator(device="cuda").manual_seed(2)
+    freqs = inv_freq()
+    rows = []
+    for hq, hkv in [(32, 8), (64, 8)]:
+        k_pool = torch.zeros(POOL, hkv, D, device="cuda", dtype=torch.bfloat16)
+        v_pool = torch.zeros_like(k_pool)
+        wq = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
+        wk = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
+        kw = dict(head_dim=D, num_qo_heads=hq, num_kv_heads=hkv, rope_base=BASE)
+        nkw = dict(kw, q_norm_weight=wq, k_norm_weight=wk, norm_eps=1e-6)
+        for T in [8, 128, 8192] if quick else [1, 128, 2048, 8192, 32768]:
+            nbytes = T * ((hq + 2 * hkv) * D * 2 + 16) + T * (hq + 3 * hkv) * D * 2
+
+            def make():
+                return (torch.randn(T, hq, D, device="cuda", dtype=torch.bfloat16, generator=g),
+                        torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16, generator=g),
+                        torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16, generator=g),
+                        torch.randint(0, MAXPOS, (T,), device="cuda", generator=g),
+                        torch.randperm(POOL, device="cuda", generator=g)[:T])
+
+            sets = [make() for _ in range(common.sets_needed(nbytes))]
+            t = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw) for s in sets], iters)
+            t_rope = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
+                                      iters)
+            tcopy = common.copy_ms(nbytes // 2, iters)
+            small = T <= 128
+            graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **nkw)) \
+                if small else float("nan")
+            best, tc, graph_c = "-", float("nan"), float("nan")
+            if with_peers:
+                for name, (fn, norm) in NORM_PEERS.items():
+                    comp = peers.compiled_static(fn, *sets[0], k_pool, v_pool, freqs, wq, wk, 1e-6, norm)
+                    tn = common.median_ms([lambda s=s: comp(*s, k_pool, v_pool, freqs, wq, wk, 1e-6, norm)
+                                           for s in sets], iters)
+                    gn = common.graph_replay_us(lambda: comp(*sets[0], k_pool, v_pool, freqs, wq, wk, 1e-6, norm)) \
+                        if small else float("nan")
+                    if not tn >= tc:  # the fastest formulation (tc starts as NaN)
+                        best, tc, graph_c = name, tn, gn
+            rows.append([f"{hq}/{hkv}", T, t * 1e3, 100 * tcopy / t, t / t_rope, graph, best, tc * 1e3, graph_c,
+                         tc / t, graph_c / graph])
+            print("norm row:", rows[-1], flush=True)  # progress (the table comes at the end)
+        del k_pool, v_pool
+    common.print_table(
+        f"rope_pool_fused with the QK norm (q_norm_weight, k_norm_weight), bf16, head_dim 128 "
+        f"({common.environment()})",
+        ["heads", "T", "attnprep us", "% of copy", "time / RoPE alone", "graph replay us", "fastest compiled peer",
+         "torch.compile us", "compile graph us", "speed-up vs compile", "graph speed-up"], rows)
 
 
 # (pool dtype, layout, page size) of the KV-format table
@@ -167,6 +252,11 @@ if __name__ == "__main__":
     p.add_argument("--quick", action="store_true")
     p.add_argument("--ts", type=lambda s: [int(x) for x in s.split(",")], help="token counts, e.g. 1,128,8192")
     p.add_argument("--no-peers", action="store_true", help="attnprep only (tuning runs)")
+    p.add_argument("--only", choices=["rope", "formats", "norm"], help="one table")
     a = p.parse_args()
-    run(a.quick, a.ts, not a.no_peers)
-    run_formats(a.quick, not a.no_peers)
+    if a.only in (None, "rope"):
+        run(a.quick, a.ts, not a.no_peers)
+    if a.only in (None, "formats"):
+        run_formats(a.quick, not a.no_peers)
+    if a.only in (None, "norm"):
+        run_norm(a.quick, not a.no_peers)

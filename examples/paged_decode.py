@@ -2,8 +2,8 @@
 doing RoPE + the KV-cache write.
 
 Each attention layer of the model (its own projection weights) becomes:
-project q, k, v -> (Qwen3: the model's own per-head q/k norm) ->
-``attnprep.rope_pool_fused`` into a paged cache (RoPE table from the model's
+project q, k, v -> ``attnprep.rope_pool_fused`` (Qwen3: with the layer's
+own per-head q/k norm weights, fused) into a paged cache (RoPE table from the model's
 config by ``attnprep.rope_cos_sin_cache``, its rope scaling included) ->
 attention over each request's pages -> the model's output projection.
 Requests of different lengths join and finish at different steps
@@ -14,8 +14,9 @@ cache pages. Greedy decoding.
     python examples/paged_decode.py --model /path/to/checkpoint
 
 ``backend="reference"`` runs the RoPE + cache write in plain torch
-(attnprep.testing) instead, on any device: what the CPU tests use to check
-the loop itself against transformers' own ``generate``.
+(attnprep.testing; Qwen3's q_norm/k_norm modules) instead, on any device:
+what the CPU tests use to check the loop itself against transformers' own
+``generate``.
 Families: Llama, Qwen3 (its per-head q/k norm), GPT-NeoX (a fused QKV
 projection, partial rotary) and GPT-J (GPT-J pairs, partial rotary).
 """
@@ -118,9 +119,17 @@ def _project(m, x, heads, kv_heads, head_dim):
     q = m.q_proj(x).view(T, heads, head_dim)
     k = m.k_proj(x).view(T, kv_heads, head_dim)
     v = m.v_proj(x).view(T, kv_heads, head_dim)
-    if hasattr(m, "q_norm"):  # Qwen3: RMSNorm of each head, before RoPE
-        q, k = m.q_norm(q), m.k_norm(k)
     return q, k, v
+
+
+def _scaling(m, head_dim):
+    """The layer's softmax scale: `scaling` in recent transformers; GPT-J
+    releases before it divide the scores by `scale_attn` (sqrt(head_dim))."""
+    if getattr(m, "scaling", None) is not None:
+        return float(m.scaling)
+    if getattr(m, "scale_attn", None) is not None:
+        return 1.0 / float(m.scale_attn)
+    return head_dim ** -0.5
 
 
 def _output(m, out):
@@ -168,16 +177,24 @@ class PagedEngine:
 
     # ------------------------------------------------------------ one layer
 
-    def rope_and_write(self, layer: int, q, k, v):
-        """RoPE on q and k, the rotated k and v into this layer's pages."""
+    def rope_and_write(self, layer: int, q, k, v, m=None):
+        """RoPE on q and k (after the layer's per-head q/k norm, for models
+        that have one: Qwen3), the rotated k and v into this layer's pages."""
         s = self.step
         k_pool, v_pool = self.cache[layer, :, 0], self.cache[layer, :, 1]
+        qk_norm = m is not None and hasattr(m, "q_norm")
         if self.backend == "attnprep":
+            norm = {}
+            if qk_norm:  # fused: the model's own weights and eps, Qwen3's rounding
+                norm = dict(q_norm_weight=m.q_norm.weight, k_norm_weight=m.k_norm.weight,
+                            norm_eps=m.q_norm.variance_epsilon)
             q_rot, k_rot, _, _ = attnprep.rope_pool_fused(
                 q, k, v, s.positions, s.slots, k_pool, v_pool, head_dim=self.head_dim, num_qo_heads=self.heads,
                 num_kv_heads=self.kv_heads, rope_base=1.0, rotary_dim=self.rotary_dim, is_neox=self.is_neox,
-                cos_sin_cache=self.table, **self.scales)
+                cos_sin_cache=self.table, **self.scales, **norm)
             return q_rot, k_rot
+        if qk_norm:  # the reference runs the model's own modules
+            q, k = m.q_norm(q), m.k_norm(k)
         cos, sin = cos_sin(s.positions, self.rotary_dim, cos_sin_cache=self.table)
         q_rot = rope_reference(q, cos, sin, self.rotary_dim, self.is_neox).to(q.dtype).to(q.device)
         k_rot = rope_reference(k, cos, sin, self.rotary_dim, self.is_neox).to(k.dtype).to(k.device)
@@ -341,13 +358,17 @@ class PagedAttention(torch.nn.Module):
         super().__init__()
         self.inner, self.layer = inner, layer
         self.__dict__["engine"] = engine  # not a submodule
+        # read once here: GPT-J keeps its scale as a device tensor, and
+        # reading it in forward would synchronize (not allowed while a CUDA
+        # graph captures)
+        self.scaling = _scaling(inner, engine.head_dim)
 
     def forward(self, hidden_states, *args, **kwargs):
         m, e = self.inner, self.engine
         x = hidden_states[0]  # [T, hidden]: the packed batch
         q, k, v = _project(m, x, e.heads, e.kv_heads, e.head_dim)
-        q_rot, _ = e.rope_and_write(self.layer, q, k, v)
-        out = e.attend(self.layer, q_rot, m.scaling)
+        q_rot, _ = e.rope_and_write(self.layer, q, k, v, m)
+        out = e.attend(self.layer, q_rot, self.scaling)
         return _output(m, out.reshape(1, x.shape[0], -1)), None
 
 
@@ -387,6 +408,47 @@ def small_model(family: str, dtype=torch.float32, device="cuda", seed=0, layers=
     return model.to(device=device, dtype=dtype).eval()
 
 
+def _events_us(fn, repeats: int = 200) -> float:
+    """Mean time of fn() on the GPU (CUDA events around `repeats` calls)."""
+    for _ in range(10):
+        fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(repeats):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / repeats
+
+
+def op_share(engine: PagedEngine) -> tuple:
+    """(step us, attnprep us, share) for the largest decode bucket captured:
+    the step's graph replayed, against a graph of the same rope_pool_fused
+    calls alone (one per layer, the step's shapes, the layer's own q/k norm
+    weights) replayed the same way."""
+    bucket = max(engine.graphs)
+    step_us = _events_us(engine.graphs[bucket][0].replay)
+    dev, dt, D = engine.device, engine.dtype, engine.head_dim
+    q = torch.randn(bucket, engine.heads, D, device=dev, dtype=dt)
+    k = torch.randn(bucket, engine.kv_heads, D, device=dev, dtype=dt)
+    v = torch.randn_like(k)
+    # the first slots of the cache: the run is over, its pages are free
+    engine.step = Step(torch.arange(bucket, device=dev), torch.arange(bucket, device=dev), [])
+    inner = [getattr(layer, name).inner for layer, name in _attention_layers(engine.model)]
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i, m in enumerate(inner):
+            engine.rope_and_write(i, q, k, v, m)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        for i, m in enumerate(inner):
+            engine.rope_and_write(i, q, k, v, m)
+    op_us = _events_us(graph.replay)
+    return step_us, op_us, op_us / step_us
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", help="a local checkpoint directory (default: small random models of each family)")
@@ -398,8 +460,9 @@ def main():
         models = [("checkpoint", transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16))]
     else:
         models = [(f, small_model(f, torch.bfloat16, "cpu")) for f in ("llama", "qwen3", "gpt_neox", "gptj")]
-    print("| model | requests x new tokens | attnprep loop, graphs, tok/s | transformers generate tok/s |")
-    print("|---|---|---|---|")
+    print("| model | requests x new tokens | attnprep loop, graphs, tok/s | transformers generate tok/s | "
+          "decode step us (rows) | rope_pool_fused us per step | share of the step |")
+    print("|---|---|---|---|---|---|---|")
     for name, model in models:
         model = model.cuda().eval()
         g = torch.Generator().manual_seed(0)
@@ -422,7 +485,9 @@ def main():
             torch.cuda.synchronize()
             t_ours = time.perf_counter() - t0
         n = len(prompts) * a.new_tokens
-        print(f"| {name} | {len(prompts)} x {a.new_tokens} | {n / t_ours:.0f} | {n / t_hf:.0f} |")
+        step_us, op_us, share = op_share(engine)
+        print(f"| {name} | {len(prompts)} x {a.new_tokens} | {n / t_ours:.0f} | {n / t_hf:.0f} | "
+              f"{step_us:.0f} ({max(engine.graphs)}) | {op_us:.1f} | {100 * share:.1f}% |")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ fi
 status=0
 # racecheck (the slowest) runs the rope cases of one dtype and two head sizes.
 # TOOLS="racecheck rope-quick;memcheck pack" picks other runs.
-runs=("memcheck pack merge rope kv" "racecheck rope-quick" "synccheck rope" "initcheck pack merge rope kv")
+runs=("memcheck pack merge rope kv norm" "racecheck rope-quick norm" "synccheck rope norm" "initcheck pack merge rope kv norm")
 [ -z "${TOOLS:-}" ] || IFS=';' read -ra runs <<< "$TOOLS"
 for run in "${runs[@]}"; do
   set -- $run

@@ -201,6 +201,50 @@ def check_kv_formats():
              same_bits(v_pool, pool_write_reference(before[1], v, slots, layout, scales.get("v_scale"))), what)
 
 
+def check_qk_norm():
+    """The QK-norm kernel: heads of 2 to 512 elements (one lane per head up to
+    32), every tensor ending where its allocation ends, paged and fp8 pools,
+    inplace, the one-element path; the warp's shared rows under racecheck."""
+    from attnprep.testing import rms_norm_reference
+    for dtype, dim, T, neox, layout in [(torch.bfloat16, 128, 17, True, "flat"), (torch.bfloat16, 128, 1100, False, "NHD"),
+                                        (torch.float32, 80, 33, True, "HND"), (torch.float16, 2, 5, True, "flat"),
+                                        (torch.bfloat16, 512, 9, True, "flat"), (torch.float32, 64, 3, False, "flat")]:
+        hq, hkv = 6, 2
+        q, k, v = (at_end((T, n, dim), dtype) for n in (hq, hkv, hkv))
+        wq, wk = at_end((dim,), torch.float32), at_end((dim,), dtype)
+        positions = at_end((T,), torch.int64, fill=False)
+        positions.copy_(torch.randint(0, 1 << 16, (T,), device=DEV))
+        page = 16
+        total = page * max(2, -(-2 * T // page))
+        shape = {"flat": (total, hkv, dim), "NHD": (total // page, page, hkv, dim),
+                 "HND": (total // page, hkv, page, dim)}[layout]
+        pool_dtype = torch.float8_e4m3fn if layout == "NHD" else dtype
+        if pool_dtype == dtype:
+            k_pool, v_pool = (at_end(shape, dtype) for _ in range(2))
+        else:
+            k_pool, v_pool = (at_end(shape, torch.uint8).view(pool_dtype) for _ in range(2))
+        scales = {} if pool_dtype == dtype else dict(k_scale=at_end((), torch.float32, fill=False).fill_(0.5),
+                                                     v_scale=at_end((), torch.float32, fill=False).fill_(2.0))
+        slots = at_end((T,), torch.int64, fill=False)
+        order = torch.randperm(total, device=DEV)[:T]
+        order[1::5] = -1
+        order[2::7] = total + 1
+        slots.copy_(order)
+        kn = rms_norm_reference(k, wk, 1e-6, 0.0)
+        before = (k_pool.clone(), v_pool.clone())
+        inplace = T == 33
+        q_rot, k_rot, _, _ = attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=dim,
+                                                      num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e4, is_neox=neox,
+                                                      kv_layout="NHD" if layout == "flat" else layout, inplace=inplace,
+                                                      q_norm_weight=wq, k_norm_weight=wk, **scales)
+        what = f"norm {dtype} D {dim} T {T} {layout}"
+        cos, sin = cos_sin(positions, dim, 1e4)
+        assert_close_to_reference(k_rot, rope_reference(kn, cos, sin, dim, neox), kn, dim, neox)
+        lay = "NHD" if layout == "flat" else layout
+        case(same_bits(k_pool, pool_write_reference(before[0], k_rot, slots, lay, scales.get("k_scale"))) and
+             same_bits(v_pool, pool_write_reference(before[1], v, slots, lay, scales.get("v_scale"))), what)
+
+
 class _DeviceMemory:
     """`n` 16-bit elements of device memory at `ptr`, described through the
     CUDA array interface, which torch takes without checking the extent."""
@@ -227,10 +271,10 @@ def planted():
 
 
 def main(argv):
-    ops = argv or ["pack", "merge", "rope", "kv"]
+    ops = argv or ["pack", "merge", "rope", "kv", "norm"]
     for op in ops:
         {"pack": check_pack, "merge": check_merge, "rope": check_rope, "rope-quick": lambda: check_rope(True),
-         "kv": check_kv_formats, "planted": planted}[op]()
+         "kv": check_kv_formats, "norm": check_qk_norm, "planted": planted}[op]()
         torch.cuda.synchronize()
     print(f"sanitize_ops: {CASES} checks passed ({', '.join(ops)})")
 

@@ -32,7 +32,8 @@ _lib = torch.library.Library("attnprep", "DEF")
 
 _ROPE_ARGS = ("Tensor v, Tensor positions, Tensor slots, Tensor(c!) k_pool, Tensor(d!) v_pool, int head_dim, "
               "int num_qo_heads, int num_kv_heads, float rope_base, int? rotary_dim, bool is_neox, "
-              "Tensor? cos_sin_cache, Tensor? k_scale, Tensor? v_scale, str kv_layout, bool check_slots")
+              "Tensor? cos_sin_cache, Tensor? k_scale, Tensor? v_scale, str kv_layout, Tensor? q_norm_weight, "
+              "Tensor? k_norm_weight, float norm_eps, float norm_weight_offset, bool check_slots")
 _lib.define("pack_qkv_destination_major(Tensor q, Tensor k, Tensor v, int world_size) -> Tensor")
 _lib.define("pack_qkv_destination_major_out(Tensor q, Tensor k, Tensor v, int world_size, Tensor(a!) out) -> ()")
 _lib.define("usp_merge_heads(Tensor x) -> Tensor")
@@ -86,11 +87,13 @@ def _merge_fake(x):
 
 
 def rope_run(kernel, inplace, q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-             rope_base, rotary_dim, is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, check_slots):
+             rope_base, rotary_dim, is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, q_norm_weight, k_norm_weight,
+             norm_eps, norm_weight_offset, check_slots):
     """``kernel`` (the extension's or the Metal one) after the host check of
     ``check_slots``; the one place that check runs, for both call paths."""
     args = (q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim,
-            is_neox, cos_sin_cache, inplace, k_scale, v_scale, kv_layout)
+            is_neox, cos_sin_cache, inplace, k_scale, v_scale, kv_layout, q_norm_weight, k_norm_weight, norm_eps,
+            norm_weight_offset)
     if check_slots:
         _C.rope_pool_check(*args)  # the documented checks come first
         check_slots_on_host(slots, pool_slots(k_pool, kv_layout), positions, cos_sin_cache)
@@ -120,9 +123,11 @@ def _rope_inplace_mps(*args):
 
 
 def _rope_check_fake(inplace, q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-                     rope_base, rotary_dim, is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, check_slots):
+                     rope_base, rotary_dim, is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, q_norm_weight,
+                     k_norm_weight, norm_eps, norm_weight_offset, check_slots):
     _C.rope_pool_check(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base,
-                       rotary_dim, is_neox, cos_sin_cache, inplace, k_scale, v_scale, kv_layout, metadata_only=True)
+                       rotary_dim, is_neox, cos_sin_cache, inplace, k_scale, v_scale, kv_layout, q_norm_weight,
+                       k_norm_weight, norm_eps, norm_weight_offset, metadata_only=True)
 
 
 def _rope_fake(q, k, *rest):

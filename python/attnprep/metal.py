@@ -37,18 +37,23 @@ def _library():
 
 
 def rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base,
-                    rotary_dim, is_neox, cos_sin_cache, inplace, k_scale, v_scale, kv_layout):
+                    rotary_dim, is_neox, cos_sin_cache, inplace, k_scale, v_scale, kv_layout, q_norm_weight,
+                    k_norm_weight, norm_eps, norm_weight_offset):
     q_rot = q if inplace else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_rot = k if inplace else torch.empty(k.shape, dtype=k.dtype, device=k.device)
     params, groups, threads = _C.rope_pool_metal_plan(q, k, v, positions, slots, k_pool, v_pool, head_dim,
                                                       num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox,
                                                       cos_sin_cache, inplace, k_scale, v_scale, kv_layout,
+                                                      q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset,
                                                       q_rot, k_rot)
     if groups:
         block = torch.frombuffer(bytearray(params), dtype=torch.uint8).to(q.device)
         # without a table the kernel never reads it; any buffer fills the slot
+        # (likewise the norm weights; each is passed twice, as float32 and as q's dtype)
         cache = cos_sin_cache if cos_sin_cache is not None else positions
+        qw = q_norm_weight if q_norm_weight is not None else positions
+        kw = k_norm_weight if k_norm_weight is not None else positions
         kernel = getattr(_library(), _KERNELS[q.dtype])
-        kernel(q, k, v, q_rot, k_rot, k_pool, v_pool, positions, slots, cache, cache, block,
+        kernel(q, k, v, q_rot, k_rot, k_pool, v_pool, positions, slots, cache, cache, block, qw, qw, kw, kw,
                threads=groups * threads, group_size=threads)
     return q_rot, k_rot, k_pool, v_pool

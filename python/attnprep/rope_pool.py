@@ -33,6 +33,10 @@ def rope_pool_fused(
     k_scale: Optional[Tensor] = None,
     v_scale: Optional[Tensor] = None,
     kv_layout: str = "NHD",
+    q_norm_weight: Optional[Tensor] = None,
+    k_norm_weight: Optional[Tensor] = None,
+    norm_eps: float = 1e-6,
+    norm_weight_offset: float = 0.0,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Rotary embedding on q and k, and the rotated k plus raw v into a KV cache.
 
@@ -59,14 +63,22 @@ def rope_pool_fused(
     half then sin half, float32 or bfloat16) replaces the table built from
     ``rope_base``; ``inplace=True`` writes q_rot/k_rot into q/k.
 
+    ``q_norm_weight`` / ``k_norm_weight`` (``[head_dim]``, float32 or q's
+    dtype) RMS-normalize each q / k head over head_dim before the rotation, as
+    Qwen3 (``norm_weight_offset=0``: ``weight * normalized.to(dtype)``) and
+    Gemma 3 (``norm_weight_offset=1``: ``(1 + weight) * normalized`` in
+    float32) do, with ``norm_eps`` inside the square root; v is untouched.
+
     Raises ValueError with the messages of docs/contract.md, in their order.
     """
     check = _ops.CHECK_SLOTS_ENV if check_slots is None else bool(check_slots)
     args = (q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim,
-            is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, check)
-    if direct(q, k, v, positions, slots, k_pool, v_pool, cos_sin_cache, k_scale, v_scale):
+            is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, q_norm_weight, k_norm_weight, norm_eps,
+            norm_weight_offset, check)
+    if direct(q, k, v, positions, slots, k_pool, v_pool, cos_sin_cache, k_scale, v_scale, q_norm_weight,
+              k_norm_weight):
         if not check:
-            out = _C.rope_pool_fused(*args[:14], inplace, k_scale, v_scale, kv_layout)
+            out = _C.rope_pool_fused(*args[:14], inplace, *args[14:-1])
         else:
             out = _ops.rope_run(_C.rope_pool_fused, inplace, *args)
         if out is not None:

@@ -99,6 +99,31 @@ def rope_reference(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, is_neox
     return out
 
 
+def rms_norm_reference(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) -> Tensor:
+    """The QK norm of docs/contract.md on ``x [..., head_dim]``, in x's dtype,
+    float32 step by step as the kernels compute it (bit-exact with CUDA):
+    squares summed pairwise over head_dim padded with zeros to a power of
+    two, ``inv = 1 / sqrt(ss / head_dim + eps)``, then ``T(float32(T(x inv)) *
+    w)`` with ``offset == 0`` or ``T((x inv) * (offset + w))`` otherwise."""
+    dtype, d = x.dtype, x.shape[-1]
+    xf = x.detach().cpu().float()
+    w = weight.detach().cpu().float()
+    padded = 1 << (d - 1).bit_length()
+    sq = torch.nn.functional.pad(xf * xf, (0, padded - d))
+    while sq.shape[-1] > 1:  # one float32 addition per pair: the order is the tree's
+        sq = sq[..., 0::2] + sq[..., 1::2]
+    # division and square root each correctly rounded to float32: done in
+    # float64 and rounded once (exact for these two operations; torch's
+    # float32 sqrt on the CPU is not always correctly rounded)
+    mean = (sq.double() / d).float()
+    total = mean + torch.tensor(eps, dtype=torch.float32)
+    inv = (1.0 / torch.sqrt(total.double()).float().double()).float()
+    n = xf * inv
+    if offset == 0.0:
+        return (n.to(dtype).float() * w).to(dtype)
+    return (n * (torch.tensor(offset, dtype=torch.float32) + w)).to(dtype)
+
+
 _MANTISSA = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
 
 

@@ -15,7 +15,7 @@ namespace {
 constexpr const char* kOp = "rope_pool_fused";
 
 struct Imported {
-  ImportedTensor q, k, v, positions, slots, k_pool, v_pool, cache, k_scale, v_scale;
+  ImportedTensor q, k, v, positions, slots, k_pool, v_pool, cache, k_scale, v_scale, q_norm, k_norm;
   core::RopePoolArgs args;
 };
 
@@ -31,6 +31,11 @@ struct KvFormat {
   nb::handle k_scale, v_scale, kv_layout;
 };
 
+// The optional arguments of the per-head QK norm.
+struct QkNorm {
+  nb::handle q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset;
+};
+
 core::KvLayout layout_arg(nb::handle obj) {
   if (!nb::isinstance<nb::str>(obj))
     throw nb::type_error(("rope_pool_fused: kv_layout must be a str, got " +
@@ -43,7 +48,7 @@ using Import = ImportedTensor (*)(nb::handle, const char*);
 // Imports every argument; check_rope_pool(in.args) validates them.
 Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
                      nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
-                     nb::handle cos_sin_cache, const KvFormat& kv) {
+                     nb::handle cos_sin_cache, const KvFormat& kv, const QkNorm& nm) {
   Imported in;
   in.q = import(q, "q");
   in.k = import(k, "k");
@@ -84,13 +89,25 @@ Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb
     a.v_scale = in.v_scale.arg;
   }
   a.kv_layout = layout_arg(kv.kv_layout);
+  if (!nm.q_norm_weight.is_none()) {
+    in.q_norm = import(nm.q_norm_weight, "q_norm_weight");
+    a.has_q_norm = true;
+    a.q_norm_weight = in.q_norm.arg;
+  }
+  if (!nm.k_norm_weight.is_none()) {
+    in.k_norm = import(nm.k_norm_weight, "k_norm_weight");
+    a.has_k_norm = true;
+    a.k_norm_weight = in.k_norm.arg;
+  }
+  a.norm_eps = float_arg(nm.norm_eps, kOp, "norm_eps");
+  a.norm_offset = float_arg(nm.norm_weight_offset, kOp, "norm_weight_offset");
   return in;
 }
 
 Imported import_and_check(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
                           nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
-                          nb::handle cos_sin_cache, const KvFormat& kv) {
-  Imported in = import_args(import, q, k, v, positions, slots, k_pool, v_pool, sc, cos_sin_cache, kv);
+                          nb::handle cos_sin_cache, const KvFormat& kv, const QkNorm& nm) {
+  Imported in = import_args(import, q, k, v, positions, slots, k_pool, v_pool, sc, cos_sin_cache, kv, nm);
   core::check_rope_pool(in.args);
   return in;
 }
@@ -104,10 +121,12 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
                            nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
                            nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
                            nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale,
-                           nb::handle v_scale, nb::handle kv_layout) {
+                           nb::handle v_scale, nb::handle kv_layout, nb::handle q_norm_weight,
+                           nb::handle k_norm_weight, nb::handle norm_eps, nb::handle norm_weight_offset) {
   Imported in = import_args(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
                             {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace},
-                            cos_sin_cache, {k_scale, v_scale, kv_layout});
+                            cos_sin_cache, {k_scale, v_scale, kv_layout},
+                            {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset});
   const core::RopePoolArgs& a = in.args;
   if (a.q.device.type == core::DeviceType::MPS) return nb::none();
   core::check_rope_pool(a);
@@ -134,7 +153,9 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
                                     ko.data,       a.k_pool.data,   a.v_pool.data, a.positions.data,
                                     a.slots.data,  a.has_cache ? a.cos_sin_cache.data : nullptr,
                                     a.has_k_scale ? static_cast<const float*>(a.k_scale.data) : nullptr,
-                                    a.has_v_scale ? static_cast<const float*>(a.v_scale.data) : nullptr};
+                                    a.has_v_scale ? static_cast<const float*>(a.v_scale.data) : nullptr,
+                                    a.has_q_norm ? a.q_norm_weight.data : nullptr,
+                                    a.has_k_norm ? a.k_norm_weight.data : nullptr};
 #endif
   ATTNPREP_RUN_CUDA("rope_pool_fused", a.q.device, stream, cuda::rope_pool(params, ptrs, a.q.dtype, stream));
   return result;
@@ -146,10 +167,11 @@ void rope_pool_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positi
                      nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
                      nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
                      nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale, nb::handle v_scale,
-                     nb::handle kv_layout, bool metadata_only) {
+                     nb::handle kv_layout, nb::handle q_norm_weight, nb::handle k_norm_weight, nb::handle norm_eps,
+                     nb::handle norm_weight_offset, bool metadata_only) {
   import_and_check(metadata_only ? import_metadata : import_tensor, q, k, v, positions, slots, k_pool, v_pool,
                    {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache,
-                   {k_scale, v_scale, kv_layout});
+                   {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset});
 }
 
 // The Metal dispatch (parameter block as bytes, threadgroups, threads per
@@ -159,10 +181,13 @@ nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::han
                                nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
                                nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim,
                                nb::handle is_neox, nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale,
-                               nb::handle v_scale, nb::handle kv_layout, nb::handle q_rot, nb::handle k_rot) {
+                               nb::handle v_scale, nb::handle kv_layout, nb::handle q_norm_weight,
+                               nb::handle k_norm_weight, nb::handle norm_eps, nb::handle norm_weight_offset,
+                               nb::handle q_rot, nb::handle k_rot) {
   Imported in = import_and_check(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
                                  {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace},
-                                 cos_sin_cache, {k_scale, v_scale, kv_layout});
+                                 cos_sin_cache, {k_scale, v_scale, kv_layout},
+                                 {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset});
   const core::TensorArg qo = import_tensor(q_rot, "q_rot").arg, ko = import_tensor(k_rot, "k_rot").arg;
   const core::MetalDispatch d = core::plan_rope_pool_metal(in.args, qo, ko);
   return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(&d.params), sizeof(d.params)), d.threadgroups,
@@ -176,20 +201,23 @@ void init_rope_pool(nb::module_& m) {
         nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(),
         nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
         nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
-        nb::arg("kv_layout").none(),
+        nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(), nb::arg("k_norm_weight").none(),
+        nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(),
         "Fused RoPE on q and k plus KV-pool scatter; returns (q_rot, k_rot, k_pool, v_pool), or None after "
         "the checks for MPS tensors (dispatched through torch).");
   m.def("rope_pool_check", &rope_pool_check, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("positions").none(),
         nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(),
         nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
         nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
-        nb::arg("kv_layout").none(), nb::arg("metadata_only") = false,
+        nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(), nb::arg("k_norm_weight").none(),
+        nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(), nb::arg("metadata_only") = false,
         "Runs rope_pool_fused's checks only (ValueError on failure).");
   m.def("rope_pool_metal_plan", &rope_pool_metal_plan, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("positions").none(), nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(),
         nb::arg("num_qo_heads").none(), nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(),
         nb::arg("is_neox").none(), nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
-        nb::arg("kv_layout").none(), nb::arg("q_rot").none(),
+        nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(), nb::arg("k_norm_weight").none(),
+        nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(), nb::arg("q_rot").none(),
         nb::arg("k_rot").none(), "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
 }
 

@@ -3,6 +3,7 @@
 // as a ValueError from the one place that owns it (src/core).
 #pragma once
 
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -16,6 +17,13 @@ struct ValueError : std::invalid_argument {
 // the documented order.
 inline void require(bool ok, const char* message) {
   if (!ok) throw ValueError(message);
+}
+
+// A number in a message, as C's %g prints it: "-1", "1e-06", "nan", "inf".
+inline std::string number_str(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
 }
 
 }  // namespace attnprep::core

@@ -69,6 +69,8 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (a.has_cache) require(a.cos_sin_cache.device == q.device, one_device);
   if (a.has_k_scale) require(a.k_scale.device == q.device, one_device);
   if (a.has_v_scale) require(a.v_scale.device == q.device, one_device);
+  if (a.has_q_norm) require(a.q_norm_weight.device == q.device, one_device);
+  if (a.has_k_norm) require(a.k_norm_weight.device == q.device, one_device);
   require(q.device.type == DeviceType::CUDA || q.device.type == DeviceType::MPS,
           "rope_pool_fused expects CUDA or MPS tensors");
   if (!is_float_type(q.dtype))
@@ -139,6 +141,34 @@ void check_rope_pool(const RopePoolArgs& a) {
                        shape_str(*sc));
   }
   require(!fp8 || q.device.type == DeviceType::CUDA, "fp8 pools are supported on CUDA only");
+
+  // The QK norm.
+  const TensorArg* weights[2];
+  int nweights = 0;
+  if (a.has_q_norm) weights[nweights++] = &a.q_norm_weight;
+  if (a.has_k_norm) weights[nweights++] = &a.k_norm_weight;
+  for (int i = 0; i < nweights; ++i)
+    if (!weights[i]->has_shape({a.head_dim}))
+      throw ValueError("q_norm_weight and k_norm_weight must have shape [head_dim] = [" +
+                       std::to_string(a.head_dim) + "], got " + shape_str(*weights[i]));
+  for (int i = 0; i < nweights; ++i)
+    if (weights[i]->dtype != DType::Float32 && weights[i]->dtype != q.dtype)
+      throw ValueError(std::string("q_norm_weight and k_norm_weight must be float32 or q's dtype (") +
+                       dtype_name(q.dtype) + "), got " + dtype_name(weights[i]->dtype));
+  for (int i = 0; i < nweights; ++i)
+    require(weights[i]->size(0) <= 1 || weights[i]->stride(0) == 1,
+            "q_norm_weight and k_norm_weight must be contiguous");
+  // as the kernels use it: a float32 that is positive and finite
+  const float eps32 = static_cast<float>(a.norm_eps);
+  if (!(std::isfinite(eps32) && eps32 > 0))
+    throw ValueError("norm_eps must be a positive finite number, got " + number_str(a.norm_eps));
+  if (!std::isfinite(static_cast<float>(a.norm_offset)))
+    throw ValueError("norm_weight_offset must be finite, got " + number_str(a.norm_offset));
+  for (int i = 0; i < nweights; ++i) {
+    bool ok = !may_overlap(a.k_pool, *weights[i]) && !may_overlap(a.v_pool, *weights[i]);
+    if (a.inplace) ok = ok && !may_overlap(q, *weights[i]) && !may_overlap(k, *weights[i]);
+    require(ok, "k_pool and v_pool (and q and k with inplace=True) must not overlap q_norm_weight or k_norm_weight");
+  }
 }
 
 std::vector<float> rope_inv_freq(double base, int64_t rotary_dim) {
@@ -174,6 +204,12 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   p.pool_fp8 = pool_fp8_kind(a.k_pool.dtype);
   p.k_scale_per_head = a.has_k_scale && a.k_scale.ndim == 1 && a.k_scale.size(0) > 1 ? 1 : 0;
   p.v_scale_per_head = a.has_v_scale && a.v_scale.ndim == 1 && a.v_scale.size(0) > 1 ? 1 : 0;
+  p.norm_q = a.has_q_norm ? 1 : 0;
+  p.norm_k = a.has_k_norm ? 1 : 0;
+  p.q_norm_f32 = a.has_q_norm && a.q_norm_weight.dtype == DType::Float32 ? 1 : 0;
+  p.k_norm_f32 = a.has_k_norm && a.k_norm_weight.dtype == DType::Float32 ? 1 : 0;
+  p.norm_eps = static_cast<float>(a.norm_eps);
+  p.norm_offset = static_cast<float>(a.norm_offset);
   p.num_qo_heads = static_cast<ap_i32>(a.num_qo_heads);
   p.num_kv_heads = static_cast<ap_i32>(a.num_kv_heads);
   p.head_dim = static_cast<ap_i32>(a.head_dim);
@@ -220,6 +256,9 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   // and v items move the same bytes and rounds come out whole: 32/8 heads at
   // head_dim 128 become 384 items per token, three whole rounds of 128
   // threads instead of 3.5.
+  const RopeNormSplit split = plan_rope_norm_split(a.head_dim, p.width);
+  p.norm_lanes = split.lanes;
+  p.norm_per_lane = split.per_lane;
   const int64_t v_groups = a.head_dim / p.width;
   p.v_items_per_head = static_cast<ap_i32>(v_groups % 2 == 0 ? v_groups / 2 : v_groups);
   return p;

@@ -26,6 +26,10 @@ struct RopePoolArgs {
   bool has_k_scale = false, has_v_scale = false;
   TensorArg k_scale, v_scale;   // fp8 pools: float32, [] / [1] / [num_kv_heads]
   KvLayout kv_layout = KvLayout::NHD;
+  bool has_q_norm = false, has_k_norm = false;
+  TensorArg q_norm_weight, k_norm_weight;  // [head_dim], float32 or q's dtype
+  double norm_eps = 1e-6;
+  double norm_offset = 0.0;
   int64_t head_dim = 0, num_qo_heads = 0, num_kv_heads = 0;
   double rope_base = 10000.0;
   bool has_rotary_dim = false;  // false: rotary_dim is head_dim
@@ -101,7 +105,49 @@ struct RopeCudaPolicy {
   // Where a block walks several rounds, a thread asks L2 for the item it will
   // take this many rounds later, so that its next loads hit L2.
   static constexpr int prefetch_rounds_ahead = 1;
+  // QK-norm kernel: a lane holds at least this many vector groups of a head,
+  // so that it has as many bytes in flight as a rotation item (two groups).
+  static constexpr int norm_min_groups_per_lane = 2;
+  // ... and at most this many elements (head_dim 512 over 32 lanes).
+  static constexpr int norm_max_per_lane = 16;
+  // The rotation kernel with the QK norm: the norm's registers (two partial
+  // sums, the factor) fit under 64 registers, no spills.
+  static constexpr int32_t norm_min_blocks_per_sm = 8;
 };
+
+// The QK-norm kernel's split of one head: `lanes` lanes (a power of two, at
+// most 32, so a head's lanes are an aligned part of one warp), each holding
+// `per_lane` contiguous elements of the head padded to a power of two. The
+// pairwise sum of squares is then a sum within each lane and a butterfly
+// across lanes, the same tree whatever the split.
+struct RopeNormSplit {
+  int32_t lanes, per_lane;
+};
+inline RopeNormSplit plan_rope_norm_split(int64_t head_dim, int32_t width) {
+  int32_t padded = 1;
+  while (padded < head_dim) padded *= 2;
+  int32_t per_lane = RopeCudaPolicy::norm_min_groups_per_lane * width;
+  if (per_lane < padded / 32) per_lane = padded / 32;
+  if (per_lane > padded) per_lane = padded;
+  return {padded / per_lane, per_lane};
+}
+
+// Whether the rotation kernel does the QK norm itself: its items then hold
+// whole blocks of the pairwise sum (16-byte groups, rotary_dim == head_dim,
+// head_dim a power of two: a NeoX item's two groups are blocks of the two
+// halves, a GPT-J item's group one block) and a head's items are a power of
+// two, at most a warp. Otherwise the general QK-norm kernel runs.
+inline bool rope_norm_in_rotation_kernel(const RopePoolParams& p) {
+  const int32_t items = p.qk_items_per_head;
+  return p.width > 1 && p.rotary_dim == p.head_dim && (p.head_dim & (p.head_dim - 1)) == 0 && items <= 32 &&
+         (items & (items - 1)) == 0;
+}
+
+// Work of one token in the QK-norm kernel: q heads, k heads, then v heads,
+// each served by `lanes` lanes.
+inline int64_t rope_norm_lanes_per_token(const RopePoolParams& p) {
+  return static_cast<int64_t>(p.num_qo_heads + 2 * p.num_kv_heads) * p.norm_lanes;
+}
 
 // How the CUDA kernel is launched. A block serves one token (or a slice of
 // one) and walks its work items in rounds of one item per thread; the block

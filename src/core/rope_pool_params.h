@@ -47,15 +47,24 @@ struct RopePoolParams {
   ap_i32 pool_fp8;            // pools: 0 q's dtype, 1 float8_e4m3fn, 2 float8_e5m2 (stored x / scale)
   ap_i32 k_scale_per_head;    // fp8: 1 k_scale has one entry per kv head, 0 one for all
   ap_i32 v_scale_per_head;
+  ap_i32 norm_q, norm_k;      // 1: RMS-normalize each q (k) head over head_dim before the rotation
+  ap_i32 q_norm_f32, k_norm_f32;  // norm weight dtype: 1 float32, 0 q's dtype
+  ap_i32 norm_lanes;          // CUDA norm kernel: lanes per head (a power of two <= 32) ...
+  ap_i32 norm_per_lane;       // ... each holding this many contiguous elements; the product is
+                              // head_dim rounded up to a power of two
+  float norm_eps;             // float32(norm_eps)
+  float norm_offset;          // 0: weight * T(normalized) (Llama/Qwen3); else (offset + weight) * normalized
   ap_i32 reserved;
   float inv_freq[ATTNPREP_ROPE_MAX_HALF];  // float32(1 / base^(2i / rotary_dim)), used when !use_cache
 };
 
 #if !defined(__METAL_VERSION__)
-static_assert(sizeof(RopePoolParams) == 21 * 8 + 16 * 4 + ATTNPREP_ROPE_MAX_HALF * 4,
+static_assert(sizeof(RopePoolParams) == 21 * 8 + 24 * 4 + ATTNPREP_ROPE_MAX_HALF * 4,
               "RopePoolParams layout must match the Metal side");
 static_assert(offsetof(RopePoolParams, num_qo_heads) == 168, "layout");
 static_assert(offsetof(RopePoolParams, width) == 204, "layout");
 static_assert(offsetof(RopePoolParams, pool_fp8) == 216, "layout");
-static_assert(offsetof(RopePoolParams, inv_freq) == 232, "layout");
+static_assert(offsetof(RopePoolParams, norm_q) == 228, "layout");
+static_assert(offsetof(RopePoolParams, norm_eps) == 252, "layout");
+static_assert(offsetof(RopePoolParams, inv_freq) == 264, "layout");
 #endif

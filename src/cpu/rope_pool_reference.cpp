@@ -46,7 +46,50 @@ int64_t read_index(const core::TensorArg& t, int64_t i) {
   return v;
 }
 
+// x rounded to the tensor dtype `dt` (nearest even), as a float.
+float round_to(core::DType dt, float x) {
+  if (dt == core::DType::Float16) return half_to_float(float_to_half(x));
+  if (dt == core::DType::BFloat16) return bf16_to_float(float_to_bf16(x));
+  return x;
+}
+
 }  // namespace
+
+std::vector<float> rms_norm_head(const std::vector<float>& x, const core::TensorArg& weight, core::DType dt,
+                                 double eps, double offset) {
+  const size_t n = x.size();
+  // Pairwise sum of squares over n padded with zeros to a power of two:
+  // adjacent pairs, then adjacent pair sums, ... (docs/contract.md). A
+  // binary counter keeps one partial sum per completed power-of-two block;
+  // the zeros of the padding add nothing, so the leftover blocks are summed
+  // from the smallest up, as the padded tree sums them.
+  float stack[16];
+  int depth = 0;
+  for (size_t d = 0; d < n; ++d) {
+    float s = x[d] * x[d];
+    for (size_t m = d + 1; m % 2 == 0; m /= 2) s = stack[--depth] + s;
+    stack[depth++] = s;
+  }
+  float ss = depth ? stack[--depth] : 0.f;
+  while (depth > 0) ss = stack[--depth] + ss;
+  const float mean = ss / static_cast<float>(n);
+  const float sum = mean + static_cast<float>(eps);
+  const float inv = 1.0f / std::sqrt(sum);
+  const float off = static_cast<float>(offset);
+  std::vector<float> y(n);
+  for (size_t d = 0; d < n; ++d) {
+    const float w = static_cast<float>(read_scalar(weight, static_cast<int64_t>(d) * weight.strides[0]));
+    const float normalized = x[d] * inv;
+    if (off == 0.f) {
+      const float rounded = round_to(dt, normalized);
+      y[d] = round_to(dt, rounded * w);
+    } else {
+      const float scale = off + w;
+      y[d] = round_to(dt, normalized * scale);
+    }
+  }
+  return y;
+}
 
 double read_element(const core::TensorArg& t, int64_t i0, int64_t i1, int64_t i2) {
   return read_scalar(t, i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2]);
@@ -58,6 +101,8 @@ RopePoolReference rope_pool_reference(const core::RopePoolArgs& a) {
   RopePoolReference r;
   r.q_rot.resize(static_cast<size_t>(T * hq * D));
   r.k_rot.resize(static_cast<size_t>(T * hkv * D));
+  r.q_in.resize(r.q_rot.size());
+  r.k_in.resize(r.k_rot.size());
   r.pos_ok.assign(static_cast<size_t>(T), true);
   const int64_t slots = core::pool_geometry(a.k_pool, a.kv_layout).slots;
   r.pool_writer.assign(static_cast<size_t>(slots), -1);
@@ -80,20 +125,25 @@ RopePoolReference rope_pool_reference(const core::RopePoolArgs& a) {
       }
     }
     r.pos_ok[t] = ok;
-    auto rotate = [&](const core::TensorArg& x, int64_t heads, std::vector<double>& out) {
+    // the head (normalized first when its weight is given), then rotated in float64
+    auto rotate = [&](const core::TensorArg& x, int64_t heads, bool norm, const core::TensorArg& weight,
+                      std::vector<double>& out, std::vector<float>& rotated) {
+      std::vector<float> in(static_cast<size_t>(D));
       for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t d = 0; d < D; ++d) in[d] = static_cast<float>(read_element(x, t, h, d));
+        if (norm) in = rms_norm_head(in, weight, x.dtype, a.norm_eps, a.norm_offset);
         double* o = &out[static_cast<size_t>((t * heads + h) * D)];
-        for (int64_t d = 0; d < D; ++d) o[d] = read_element(x, t, h, d);
+        for (int64_t d = 0; d < D; ++d) o[d] = rotated[static_cast<size_t>((t * heads + h) * D + d)] = in[d];
         for (int64_t i = 0; i < half; ++i) {
           const int64_t i1 = a.is_neox ? i : 2 * i, i2 = a.is_neox ? i + half : 2 * i + 1;
-          const double x1 = read_element(x, t, h, i1), x2 = read_element(x, t, h, i2);
+          const double x1 = in[i1], x2 = in[i2];
           o[i1] = x1 * c[i] - x2 * s[i];
           o[i2] = x2 * c[i] + x1 * s[i];
         }
       }
     };
-    rotate(a.q, hq, r.q_rot);
-    rotate(a.k, hkv, r.k_rot);
+    rotate(a.q, hq, a.has_q_norm, a.q_norm_weight, r.q_rot, r.q_in);
+    rotate(a.k, hkv, a.has_k_norm, a.k_norm_weight, r.k_rot, r.k_in);
     const int64_t slot = read_index(a.slots, t);
     if (ok && slot >= 0 && slot < slots) r.pool_writer[static_cast<size_t>(slot)] = t;
   }

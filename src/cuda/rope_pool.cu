@@ -6,80 +6,19 @@
 // token's slot is in [0, pool_size).
 #include "cuda/rope_pool.h"
 
-#include "core/angle_sincos.h"
 #include "core/rope_pool.h"
 #include "cuda/launch.h"
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
+#include "cuda/rope_device.cuh"
 
 #include <cstdint>
 
 namespace attnprep::cuda {
 namespace {
 
+using namespace rope;
+
 using Policy = core::RopeCudaPolicy;
 constexpr int kThreads = Policy::max_threads;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-// N consecutive elements, moved with one 16-byte access when N elements are
-// 16 bytes (the plan guarantees alignment then), else one element at a time.
-template <typename T, int N>
-struct Group {
-  static constexpr bool kVector = N * sizeof(T) == 16;
-  T e[N];
-  __device__ __forceinline__ void load(const T* p) {
-    if constexpr (kVector) {
-      *reinterpret_cast<uint4*>(e) = __ldg(reinterpret_cast<const uint4*>(p));
-    } else {
-#pragma unroll
-      for (int i = 0; i < N; ++i) e[i] = p[i];
-    }
-  }
-  __device__ __forceinline__ void store(T* p) const {
-    if constexpr (kVector) {
-      *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(e);
-    } else {
-#pragma unroll
-      for (int i = 0; i < N; ++i) p[i] = e[i];
-    }
-  }
-};
-
-// N elements of a group, each x / scale rounded to nearest even and saturated
-// to the format's finite range, stored as N bytes (one access when N > 1:
-// the plan aligns fp8 pool rows to the group size).
-template <typename T, int N>
-__device__ __forceinline__ void store_fp8(const Group<T, N>& g, unsigned char* dst, float scale, int kind) {
-  const __nv_fp8_interpretation_t fmt = kind == 1 ? __NV_E4M3 : __NV_E5M2;
-  // packed in registers, four bytes to a word (a local byte array would go to the stack)
-  uint32_t word[(N + 3) / 4] = {};
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const uint32_t b = __nv_cvt_float_to_fp8(__fdiv_rn(to_float(g.e[i]), scale), __NV_SATFINITE, fmt);
-    word[i / 4] |= b << (8 * (i % 4));
-  }
-  if constexpr (N == 8) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(word[0], word[1]);
-  } else if constexpr (N == 4) {
-    *reinterpret_cast<uint32_t*>(dst) = word[0];
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) dst[i] = static_cast<unsigned char>(word[i / 4] >> (8 * (i % 4)));
-  }
-}
-
-__device__ __forceinline__ int64_t read_index(const void* p, int64_t i, int is64) {
-  return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
-}
 
 // One work item: up to two groups of W elements of one head (lo, and hi when
 // `two`), where they come from and go to, and which frequencies rotate them.
@@ -161,10 +100,34 @@ struct Item {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + lo_off));
     if (two) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + hi_off));
   }
-  // kFp8: the pools are float8 (stored x / scale); otherwise T.
-  template <bool kFp8>
+  // kNorm: 1/sqrt(mean square + eps) of this item's head. The item's groups
+  // are whole blocks of the pairwise sum (core::rope_norm_in_rotation_kernel):
+  // each group's squares, then a butterfly over the head's `lanes` lanes
+  // (NeoX: the two halves apart, as the tree keeps them), then the root.
+  // Every lane of the warp calls it; `active` false contributes nothing.
+  __device__ __forceinline__ float head_norm_factor(const RopePoolParams& p, int lanes, bool active) const {
+    float lo_sum = active ? group_squares(lo) : 0.f;
+    float hi_sum = active && kind == kNeox ? group_squares(hi) : 0.f;
+    for (int off = 1; off < lanes; off *= 2) {
+      lo_sum = __fadd_rn(lo_sum, __shfl_xor_sync(0xffffffffu, lo_sum, off));
+      hi_sum = __fadd_rn(hi_sum, __shfl_xor_sync(0xffffffffu, hi_sum, off));
+    }
+    return norm_factor(__fadd_rn(lo_sum, hi_sum), p);
+  }
+
+  // kFp8: the pools are float8 (stored x / scale); otherwise T. kNorm: q
+  // and k groups are normalized first (weights `w` in shared memory, the
+  // head's factor `inv`).
+  template <bool kFp8, bool kNorm>
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr, const float2* cs,
-                                         int64_t slot, bool write_pool) {
+                                         int64_t slot, bool write_pool, const float* w, float inv) {
+    if constexpr (kNorm) {
+      if (!is_v && (is_q ? p.norm_q : p.norm_k)) {
+        const float* wh = w + (is_q ? 0 : kNormWeightsK);
+        normalize_group(lo, wh + lo_off, inv, p.norm_offset);
+        if (two) normalize_group(hi, wh + hi_off, inv, p.norm_offset);
+      }
+    }
     if (kind == kNeox) {
 #pragma unroll
       for (int j = 0; j < W; ++j) rotate(lo.e[j], hi.e[j], cs[freq + j]);
@@ -204,42 +167,13 @@ struct Item {
     }
   }
 
-  // (a, b) -> (a cos - b sin, b cos + a sin) in float32, one rounding to T.
+  // (a, b) -> (a cos - b sin, b cos + a sin) in float32, one rounding to T each.
   static __device__ __forceinline__ void rotate(T& a, T& b, float2 r) {
     const float x = to_float(a), y = to_float(b);
-    a = from_float<T>(x * r.x - y * r.y);
-    b = from_float<T>(y * r.x + x * r.y);
+    a = from_float<T>(rotate_first(x, y, r));
+    b = from_float<T>(rotate_second(x, y, r));
   }
 };
-
-// (cos, sin) of frequency i at position pos: from rope_base, or read from
-// cos_sin_cache (NaN for a position outside the table, which is never read).
-// inv_freq_i is p.inv_freq[i], read by the caller (before the kernel's wait).
-__device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
-                                                bool pos_ok, int i, float inv_freq_i) {
-  float c, s;
-  if (!p.use_cache) {
-    // float32 angle; sin/cos correctly rounded at any magnitude, with no
-    // slow path (core/angle_sincos.h says why not sincosf)
-    const float angle = __fmul_rn(static_cast<float>(pos), inv_freq_i);
-    core::angle_sincos(angle, &s, &c);
-  } else if (pos_ok) {
-    const int half = p.rotary_dim / 2;
-    const int64_t row = pos * p.cache_stride;
-    if (p.cache_bf16) {
-      const auto* cache = static_cast<const __nv_bfloat16*>(ptr.cos_sin_cache);
-      c = __bfloat162float(cache[row + i]);
-      s = __bfloat162float(cache[row + half + i]);
-    } else {
-      const auto* cache = static_cast<const float*>(ptr.cos_sin_cache);
-      c = cache[row + i];
-      s = cache[row + half + i];
-    }
-  } else {
-    c = s = __int_as_float(0x7fc00000);
-  }
-  return make_float2(c, s);
-}
 
 // Asks L2 for item `item` of token t (when the block has it).
 template <typename T, int W>
@@ -255,11 +189,14 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // Block (t, s): token t, the s-th of gridDim.y slices of its work items.
 // kAhead: while on an item, ask L2 for the one kAhead rounds later. kFp8: the
 // pools are float8 (a separate instantiation: the conversion's registers would
-// make the common case spill under the occupancy target).
-template <typename T, int W, int kAhead, bool kFp8>
-__global__ void __launch_bounds__(kThreads, Policy::min_blocks_per_sm)
+// make the common case spill under the occupancy target). kNorm: the QK norm
+// too, where core::rope_norm_in_rotation_kernel allows it (slices then start
+// on head boundaries, so a head's items are lanes of one warp in one round).
+template <typename T, int W, int kAhead, bool kFp8, bool kNorm>
+__global__ void __launch_bounds__(kThreads, kNorm ? Policy::norm_min_blocks_per_sm : Policy::min_blocks_per_sm)
     rope_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr) {
   __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
+  __shared__ float norm_w[kNorm ? 2 * kNormWeightsK : 1];
   const int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
 
@@ -270,7 +207,9 @@ __global__ void __launch_bounds__(kThreads, Policy::min_blocks_per_sm)
   // items): 64-bit divisions here sit between the launch and the first load.
   const int n_qk = (p.num_qo_heads + p.num_kv_heads) * p.qk_items_per_head;
   const int n_all = n_qk + p.num_kv_heads * p.v_items_per_head;
-  const int per_block = (n_all + gridDim.y - 1) / gridDim.y;
+  const int lanes = p.qk_items_per_head;  // kNorm: a power of two, at most 32
+  int per_block = (n_all + gridDim.y - 1) / gridDim.y;
+  if constexpr (kNorm) per_block = (per_block + lanes - 1) / lanes * lanes;
   const int end = min(n_all, static_cast<int>(blockIdx.y) * per_block + per_block);
   // One item in flight per thread, its loads issued before the cos/sin table
   // so they overlap that work and the round trip for the position. (Two
@@ -297,9 +236,21 @@ __global__ void __launch_bounds__(kThreads, Policy::min_blocks_per_sm)
   // the cos/sin work, which costs more than the barrier.
   for (int i = threadIdx.x; i < half; i += blockDim.x)
     cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? first_inv_freq : p.inv_freq[i]);
+  if constexpr (kNorm) stage_norm_weights<T>(norm_w, p, ptr);
   __syncthreads();
-  while (item < end) {
-    it.template finish<kFp8>(p, ptr, cs, slot, write_pool);
+  for (;;) {
+    const bool active = item < end;
+    float inv = 0.f;
+    if constexpr (kNorm) {
+      // the butterfly needs every lane of the warp: the warp stays together
+      // until none of its lanes has an item
+      if (!__any_sync(0xffffffffu, active)) break;
+      inv = it.head_norm_factor(p, lanes, active);
+      if (active) it.template finish<kFp8, kNorm>(p, ptr, cs, slot, write_pool, norm_w, inv);
+    } else {
+      if (!active) break;
+      it.template finish<kFp8, kNorm>(p, ptr, cs, slot, write_pool, norm_w, inv);
+    }
     item += blockDim.x;
     if (item < end) {
       it.locate(p, ptr, t, item, n_qk);
@@ -315,13 +266,19 @@ cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaSt
       core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(shape.splits));
   const dim3 block(shape.threads);
-  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8>, grid, block, stream, p, ptrs);
   constexpr int V = 16 / sizeof(T);
+  constexpr int kAhead = Policy::prefetch_rounds_ahead;
+  if (p.norm_q || p.norm_k) {  // only where core::rope_norm_in_rotation_kernel (so p.width == V)
+    if (shape.several_rounds)
+      return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, true>, grid, block, stream, p, ptrs);
+    return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, true>, grid, block, stream, p, ptrs);
+  }
+  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8, false>, grid, block, stream, p, ptrs);
   // One round per block (small calls, split tokens): nothing to ask for
   // ahead, and the instantiation without the prefetch is leaner.
   if (shape.several_rounds)
-    return launch_kernel(rope_pool_kernel<T, V, Policy::prefetch_rounds_ahead, kFp8>, grid, block, stream, p, ptrs);
-  return launch_kernel(rope_pool_kernel<T, V, 0, kFp8>, grid, block, stream, p, ptrs);
+    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, false>, grid, block, stream, p, ptrs);
+  return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, false>, grid, block, stream, p, ptrs);
 }
 
 }  // namespace
@@ -333,6 +290,8 @@ cudaError_t rope_pool(const RopePoolParams& params, const RopePoolPointers& ptrs
   // room for a block's last round past the token's end.
   if (params.num_tokens >= (int64_t{1} << 31) || core::rope_items_per_token(params) >= (int64_t{1} << 30))
     return cudaErrorInvalidConfiguration;
+  if ((params.norm_q || params.norm_k) && !core::rope_norm_in_rotation_kernel(params))
+    return rope_norm_pool(params, ptrs, dtype, stream);
   const bool fp8 = params.pool_fp8 != 0;
   switch (dtype) {
     case core::DType::Float16: return fp8 ? launch<__half, true>(params, ptrs, stream) : launch<__half, false>(params, ptrs, stream);

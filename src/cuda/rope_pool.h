@@ -21,6 +21,8 @@ struct RopePoolPointers {
   const void* cos_sin_cache;  // null unless params.use_cache
   const float* k_scale;       // fp8 pools: dequantization scales (stored = x / scale); else null
   const float* v_scale;
+  const void* q_norm_weight;  // [head_dim], float32 or q's dtype, when params.norm_q; else null
+  const void* k_norm_weight;  // likewise for params.norm_k
 };
 
 // One launch for q, k and v; nothing when there are no tokens. `dtype` is

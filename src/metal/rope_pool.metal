@@ -5,6 +5,8 @@
 // rotation pair of each q and k head, the pass-through elements of a partial
 // rotary, and the v elements; rotated k and raw v go to the pools (flat or
 // paged, in q's dtype; fp8 pools are CUDA-only) when the slot is in [0, pool_size).
+// With the QK norm, each q/k head's norm factor is computed first (per chunk
+// of heads, one thread per head) and every element is normalized as it is read.
 //
 // Written in the subset of MSL that is also C++, so that tests/metal compiles
 // this unchanged file on Linux and runs it over its dispatch grid.
@@ -30,6 +32,52 @@ inline void rope_store(device T* base, long i, float value) {
   base[i] = T(value);
 }
 
+// The QK norm (docs/contract.md): 1 / sqrt(mean of squares + eps) of one head,
+// the squares summed pairwise (adjacent elements, then adjacent sums, ... over
+// head_dim padded with zeros): a binary counter keeps one partial sum per
+// completed power-of-two block, and the leftover blocks add up from the
+// smallest, as the padded tree sums them.
+template <typename T>
+inline float rope_head_inv(device const T* x, long base, int D, float eps) {
+  float stack[10];  // head_dim <= 512: at most 10 blocks pending
+  int depth = 0;
+  for (int d = 0; d < D; ++d) {
+    const float f = float(x[base + d]);
+    float s = f * f;
+    for (int m = d + 1; (m & 1) == 0; m >>= 1) s = stack[--depth] + s;
+    stack[depth++] = s;
+  }
+  float ss = stack[--depth];
+  while (depth > 0) ss = stack[--depth] + ss;
+  return precise::divide(1.0f, precise::sqrt(precise::divide(ss, float(D)) + eps));
+}
+
+// One element normalized: weight * T(x inv) (offset 0, Llama/Qwen3), else
+// (offset + weight) * x inv (Gemma), rounded to T.
+template <typename T>
+inline float rope_norm_value(float x, float inv, float w, float offset) {
+  const float n = x * inv;
+  if (offset == 0.0f) {
+    const float rounded = float(T(n));
+    return float(T(rounded * w));
+  }
+  const float scale = offset + w;
+  return float(T(n * scale));
+}
+
+// Element e of a q/k head, normalized when the head is (norm factor inv,
+// weight as float32 or T).
+template <typename T>
+inline float rope_read_value(device const T* in, long src, int e, bool normed, float inv, bool w_f32,
+                             device const float* w32, device const T* wT, float offset) {
+  const float x = float(in[src + e]);
+  if (!normed) return x;
+  return rope_norm_value<T>(x, inv, w_f32 ? w32[e] : float(wT[e]), offset);
+}
+
+// Heads whose norm factors one threadgroup holds at a time.
+enum : int { kRopeNormChunk = 256 };
+
 template <typename T>
 kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffer(1)]],
                       device const T* v [[buffer(2)]], device T* q_rot [[buffer(3)]],
@@ -37,10 +85,13 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
                       device T* v_pool [[buffer(6)]], device const int* positions [[buffer(7)]],
                       device const int* slots [[buffer(8)]], device const float* cache32 [[buffer(9)]],
                       device const ushort* cache16 [[buffer(10)]], constant RopePoolParams& p [[buffer(11)]],
+                      device const float* qw32 [[buffer(12)]], device const T* qwT [[buffer(13)]],
+                      device const float* kw32 [[buffer(14)]], device const T* kwT [[buffer(15)]],
                       uint group [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]],
                       uint nthreads [[threads_per_threadgroup]]) {
   threadgroup float cos_t[ATTNPREP_ROPE_MAX_HALF];
   threadgroup float sin_t[ATTNPREP_ROPE_MAX_HALF];
+  threadgroup float inv_t[kRopeNormChunk];  // norm factors of the current chunk of q/k heads
   // A padded grid may hold more groups than tokens: such a group leaves as a
   // whole, before any barrier.
   if (long(group) >= p.num_tokens) return;
@@ -79,49 +130,70 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
   const int D = p.head_dim;
   const int pass = D - p.rotary_dim;
   const int per_qk_head = half_rot + pass;  // rotation pairs + passed-through elements
-  const long n_qk = long(p.num_qo_heads + p.num_kv_heads) * per_qk_head;
-  const long n_all = n_qk + long(p.num_kv_heads) * D;
-  for (long item = long(lid); item < n_all; item += long(nthreads)) {
-    if (item >= n_qk) {  // one element of v, into the pool
-      if (!write_pool) continue;
-      const long r = item - n_qk;
-      const long h = r / D;
-      const long e = r - h * D;
-      const float x = float(v[t * p.v_stride_token + h * p.v_stride_head + e]);
-      rope_store(v_pool, v_row + h * p.vp_stride_head + e, x);
-      continue;
+  const int qk_heads = p.num_qo_heads + p.num_kv_heads;
+  // q and k heads, a chunk at a time: the chunk's norm factors first (one
+  // thread per head), then its items
+  for (int h0 = 0; h0 < qk_heads; h0 += kRopeNormChunk) {
+    const int chunk = min(kRopeNormChunk, qk_heads - h0);
+    if (p.norm_q != 0 || p.norm_k != 0) {
+      for (int c = int(lid); c < chunk; c += int(nthreads)) {
+        const int h = h0 + c;
+        const bool is_q = h < p.num_qo_heads;
+        const bool normed = is_q ? p.norm_q != 0 : p.norm_k != 0;
+        const long src = is_q ? t * p.q_stride_token + long(h) * p.q_stride_head
+                              : t * p.k_stride_token + long(h - p.num_qo_heads) * p.k_stride_head;
+        inv_t[c] = normed ? rope_head_inv(is_q ? q : k, src, D, p.norm_eps) : 0.0f;
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);
     }
-    long h = item / per_qk_head;
-    const int sub = int(item - h * per_qk_head);
-    const bool is_q = h < p.num_qo_heads;
-    if (!is_q) h -= p.num_qo_heads;
-    const long src = is_q ? t * p.q_stride_token + h * p.q_stride_head : t * p.k_stride_token + h * p.k_stride_head;
-    const long dst = is_q ? t * p.qo_stride_token + h * p.qo_stride_head : t * p.ko_stride_token + h * p.ko_stride_head;
-    const long pool = k_row + h * p.kp_stride_head;
-    device const T* in = is_q ? q : k;
-    device T* out = is_q ? q_rot : k_rot;
-    const bool to_pool = !is_q && write_pool;
-    if (sub >= half_rot) {  // pass-through
-      const int e = p.rotary_dim + (sub - half_rot);
-      const float x = float(in[src + e]);
-      rope_store(out, dst + e, x);
-      if (to_pool) rope_store(k_pool, pool + e, x);
-      continue;
+    for (long item = long(lid); item < long(chunk) * per_qk_head; item += long(nthreads)) {
+      const int c = int(item / per_qk_head);
+      const int sub = int(item - long(c) * per_qk_head);
+      const bool is_q = h0 + c < p.num_qo_heads;
+      const long h = is_q ? h0 + c : h0 + c - p.num_qo_heads;
+      const long src = is_q ? t * p.q_stride_token + h * p.q_stride_head : t * p.k_stride_token + h * p.k_stride_head;
+      const long dst = is_q ? t * p.qo_stride_token + h * p.qo_stride_head : t * p.ko_stride_token + h * p.ko_stride_head;
+      const long pool = k_row + h * p.kp_stride_head;
+      device const T* in = is_q ? q : k;
+      device T* out = is_q ? q_rot : k_rot;
+      const bool to_pool = !is_q && write_pool;
+      const bool normed = is_q ? p.norm_q != 0 : p.norm_k != 0;
+      const bool w_f32 = is_q ? p.q_norm_f32 != 0 : p.k_norm_f32 != 0;
+      device const float* w32 = is_q ? qw32 : kw32;
+      device const T* wT = is_q ? qwT : kwT;
+      const float inv = normed ? inv_t[c] : 0.0f;
+      if (sub >= half_rot) {  // pass-through
+        const int e = p.rotary_dim + (sub - half_rot);
+        const float x = rope_read_value(in, src, e, normed, inv, w_f32, w32, wT, p.norm_offset);
+        rope_store(out, dst + e, x);
+        if (to_pool) rope_store(k_pool, pool + e, x);
+        continue;
+      }
+      const int e1 = p.is_neox != 0 ? sub : 2 * sub;
+      const int e2 = p.is_neox != 0 ? sub + half_rot : 2 * sub + 1;
+      const float a = rope_read_value(in, src, e1, normed, inv, w_f32, w32, wT, p.norm_offset);
+      const float b = rope_read_value(in, src, e2, normed, inv, w_f32, w32, wT, p.norm_offset);
+      const float c_ = cos_t[sub];
+      const float s_ = sin_t[sub];
+      const float r1 = fma(a, c_, -(b * s_));
+      const float r2 = fma(b, c_, a * s_);
+      rope_store(out, dst + e1, r1);
+      rope_store(out, dst + e2, r2);
+      if (to_pool) {
+        rope_store(k_pool, pool + e1, r1);
+        rope_store(k_pool, pool + e2, r2);
+      }
     }
-    const int e1 = p.is_neox != 0 ? sub : 2 * sub;
-    const int e2 = p.is_neox != 0 ? sub + half_rot : 2 * sub + 1;
-    const float a = float(in[src + e1]);
-    const float b = float(in[src + e2]);
-    const float c = cos_t[sub];
-    const float s = sin_t[sub];
-    const float r1 = a * c - b * s;
-    const float r2 = b * c + a * s;
-    rope_store(out, dst + e1, r1);
-    rope_store(out, dst + e2, r2);
-    if (to_pool) {
-      rope_store(k_pool, pool + e1, r1);
-      rope_store(k_pool, pool + e2, r2);
-    }
+    // the next chunk's factors overwrite inv_t
+    if (p.norm_q != 0 || p.norm_k != 0) threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  // v heads, one element at a time, into the pool
+  if (!write_pool) return;
+  for (long r = long(lid); r < long(p.num_kv_heads) * D; r += long(nthreads)) {
+    const long h = r / D;
+    const long e = r - h * D;
+    const float x = float(v[t * p.v_stride_token + h * p.v_stride_head + e]);
+    rope_store(v_pool, v_row + h * p.vp_stride_head + e, x);
   }
 }
 
@@ -137,6 +209,8 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
       device T* v_pool [[buffer(6)]], device const int* positions [[buffer(7)]],                             \
       device const int* slots [[buffer(8)]], device const float* cache32 [[buffer(9)]],                     \
       device const ushort* cache16 [[buffer(10)]], constant RopePoolParams& p [[buffer(11)]],                \
+      device const float* qw32 [[buffer(12)]], device const T* qwT [[buffer(13)]],                           \
+      device const float* kw32 [[buffer(14)]], device const T* kwT [[buffer(15)]],                           \
       uint group [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]],             \
       uint nthreads [[threads_per_threadgroup]]);
 

@@ -244,6 +244,122 @@ TEST_CASE("KV formats: paged NHD/HND geometry, fp8 pools and scales, in the docu
   CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).width, 1);
 }
 
+TEST_CASE("QK norm: checks 34-39 and the device check, in the documented order") {
+  auto normed = [](DType wdt = DType::Float32, std::initializer_list<int64_t> shape = {64}) {
+    RopePoolArgs a = args();
+    a.has_q_norm = a.has_k_norm = true;
+    a.q_norm_weight = make(shape, wdt, cuda0);
+    a.k_norm_weight = make({64}, DType::Float32, cuda0);
+    return a;
+  };
+  check_rope_pool(normed());
+  check_rope_pool(normed(DType::BFloat16));
+  RopePoolArgs dev = normed();
+  dev.k_norm_weight = make({64}, DType::Float32, cpu);
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(dev), "rope_pool_fused expects all tensors on one device");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(normed(DType::Float32, {128})),
+                   "q_norm_weight and k_norm_weight must have shape [head_dim] = [64], got torch.Size([128])");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(normed(DType::Float32, {1, 64})),
+                   "q_norm_weight and k_norm_weight must have shape [head_dim] = [64], got torch.Size([1, 64])");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(normed(DType::Float16)),
+                   "q_norm_weight and k_norm_weight must be float32 or q's dtype (torch.bfloat16), got torch.float16");
+  RopePoolArgs strided = normed();
+  strided.k_norm_weight = make({64}, DType::Float32, cuda0, {2});
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(strided), "q_norm_weight and k_norm_weight must be contiguous");
+  for (double eps : {0.0, -1.0, 1e-50, std::nan(""), HUGE_VAL, 1e300}) {
+    RopePoolArgs e = normed();
+    e.norm_eps = eps;
+    char want[96];
+    std::snprintf(want, sizeof want, "norm_eps must be a positive finite number, got %g", eps);
+    CHECK_THROWS_MSG(ValueError, check_rope_pool(e), want);
+  }
+  RopePoolArgs no_weight = args();  // the scalars are checked with or without a weight
+  no_weight.norm_eps = -1;
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(no_weight), "norm_eps must be a positive finite number, got -1");
+  RopePoolArgs off = normed();
+  off.norm_offset = std::nan("");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(off), "norm_weight_offset must be finite, got nan");
+  // a weight inside a pool, or (in place) inside q
+  RopePoolArgs in_pool = normed();
+  in_pool.k_norm_weight = make({64}, DType::BFloat16, cuda0);
+  in_pool.k_norm_weight.data = in_pool.k_pool.data;
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(in_pool),
+                   "k_pool and v_pool (and q and k with inplace=True) must not overlap q_norm_weight or k_norm_weight");
+  RopePoolArgs in_q = normed();
+  in_q.q_norm_weight = make({64}, DType::BFloat16, cuda0);
+  in_q.q_norm_weight.data = in_q.q.data;
+  check_rope_pool(in_q);  // read-only overlap with an input: fine
+  in_q.inplace = true;
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(in_q),
+                   "k_pool and v_pool (and q and k with inplace=True) must not overlap q_norm_weight or k_norm_weight");
+  // order: an earlier check wins
+  RopePoolArgs both = normed(DType::Float16);
+  both.norm_eps = 0;
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(both),
+                   "q_norm_weight and k_norm_weight must be float32 or q's dtype (torch.bfloat16), got torch.float16");
+}
+
+TEST_CASE("QK norm split: lanes x elements = head_dim padded to a power of two") {
+  CHECK_EQ(plan_rope_norm_split(128, 8).lanes, 8);  // bf16: two 16-byte groups per lane
+  CHECK_EQ(plan_rope_norm_split(128, 8).per_lane, 16);
+  CHECK_EQ(plan_rope_norm_split(128, 4).lanes, 16);  // float32
+  CHECK_EQ(plan_rope_norm_split(512, 8).lanes, 32);
+  CHECK_EQ(plan_rope_norm_split(512, 1).per_lane, 16);
+  CHECK_EQ(plan_rope_norm_split(80, 8).lanes, 8);   // 128 padded
+  CHECK_EQ(plan_rope_norm_split(2, 8).lanes, 1);    // one lane, two elements
+  CHECK_EQ(plan_rope_norm_split(2, 8).per_lane, 2);
+  CHECK_EQ(plan_rope_norm_split(72, 1).lanes, 32);  // 128 padded, 4 each
+  // which kernel does the norm: the rotation kernel where its items are whole blocks of the sum
+  auto in_rotation = [](DType dt, int64_t D, bool neox, int64_t rot = 0) {
+    RopePoolArgs a = args(dt, cuda0, 4, 8, 2, D);
+    a.is_neox = neox;
+    if (rot) a.set_rotary_dim(rot);
+    return rope_norm_in_rotation_kernel(make_rope_pool_params(a, a.q, a.k));
+  };
+  CHECK(in_rotation(DType::BFloat16, 128, true));   // 8 items a head
+  CHECK(in_rotation(DType::BFloat16, 512, true));   // 32
+  CHECK(!in_rotation(DType::BFloat16, 512, false)); // GPT-J: 64 items
+  CHECK(in_rotation(DType::Float32, 128, false));   // 32
+  CHECK(!in_rotation(DType::BFloat16, 128, true, 64));  // partial rotary
+  CHECK(!in_rotation(DType::BFloat16, 80, true));   // not a power of two
+  CHECK(!in_rotation(DType::BFloat16, 2, true));    // one element per access
+  for (int64_t D = 2; D <= 512; D += 2)
+    for (int32_t w : {1, 4, 8}) {
+      const RopeNormSplit s = plan_rope_norm_split(D, w);
+      int64_t padded = 1;
+      while (padded < D) padded *= 2;
+      CHECK(s.lanes * s.per_lane == padded && s.lanes <= 32 && s.per_lane <= RopeCudaPolicy::norm_max_per_lane);
+    }
+}
+
+TEST_CASE("reference: QK norm in float32, pairwise sum, Qwen3 and Gemma rounding") {
+  // head of 3 (padded to 4): ss = (1 + 4) + (9 + 0) = 14, mean 14 / 3
+  attnprep::core::TensorArg w = make({3}, DType::Float32, cpu);
+  float wv[3] = {1.0f, 2.0f, 0.5f};
+  w.data = wv;
+  const std::vector<float> x = {1.0f, -2.0f, 3.0f};
+  const float inv = 1.0f / std::sqrt(14.0f / 3.0f + 1e-6f);
+  auto y = attnprep::cpu::rms_norm_head(x, w, DType::Float32, 1e-6, 0.0);
+  for (int d = 0; d < 3; ++d) CHECK_EQ(y[d], (x[d] * inv) * wv[d]);
+  y = attnprep::cpu::rms_norm_head(x, w, DType::Float32, 1e-6, 1.0);
+  for (int d = 0; d < 3; ++d) CHECK_EQ(y[d], (x[d] * inv) * (1.0f + wv[d]));
+  // bf16, offset 0: normalized rounded to bf16 before the weight, the product rounded again
+  y = attnprep::cpu::rms_norm_head(x, w, DType::BFloat16, 1e-6, 0.0);
+  using attnprep::cpu::bf16_to_float;
+  using attnprep::cpu::float_to_bf16;
+  for (int d = 0; d < 3; ++d)
+    CHECK_EQ(y[d], bf16_to_float(float_to_bf16(bf16_to_float(float_to_bf16(x[d] * inv)) * wv[d])));
+  // pairwise, not sequential: 1 + 2^-24 + 2^-24 + ... sequentially stays 1
+  std::vector<float> tiny(8, std::ldexp(1.0f, -12));
+  tiny[0] = 1.0f;
+  attnprep::core::TensorArg ones = make({8}, DType::Float32, cpu);
+  std::vector<float> one(8, 1.0f);
+  ones.data = one.data();
+  const float pair = 1.0f + ((std::ldexp(1.0f, -24) + std::ldexp(1.0f, -24)) + 2 * std::ldexp(1.0f, -23));
+  y = attnprep::cpu::rms_norm_head(tiny, ones, DType::Float32, 1e-6, 0.0);
+  CHECK_EQ(y[0], 1.0f * (1.0f / std::sqrt(pair / 8.0f + 1e-6f)));
+}
+
 TEST_CASE("inv_freq is 1 / base^(2i/rot) rounded once to float32") {
   const auto f = rope_inv_freq(10000.0, 128);
   CHECK_EQ(f.size(), size_t{64});

@@ -32,16 +32,6 @@ namespace {
 
 const core::Device mps{core::DeviceType::MPS, 0};
 
-float bits_value(DType dt, const unsigned char* p) {
-  uint16_t h;
-  float f;
-  switch (dt) {
-    case DType::Float16: std::memcpy(&h, p, 2); return cpu::half_to_float(h);
-    case DType::BFloat16: std::memcpy(&h, p, 2); return cpu::bf16_to_float(h);
-    default: std::memcpy(&f, p, 4); return f;
-  }
-}
-
 // A host tensor: raw bits (read by the reference) and the emulator's Tracked
 // copy (read and written by the kernel), same layout.
 template <typename E>
@@ -88,6 +78,9 @@ struct Case {
   bool hnd = false;       // paged layout: [pages, heads, page, D] instead of [pages, page, heads, D]
   int64_t pad_groups = 0;
   int threads = 32;
+  // QK norm: 0 none; 1 q and k, float32 weights, offset 0 (Qwen3); 2 k only,
+  // weight in q's dtype, offset 1 (Gemma)
+  int norm = 0;
 };
 
 double ulp_bound(DType dt, double ref, double partner) {
@@ -189,6 +182,20 @@ void run_case(const Case& c, uint32_t seed) {
       a.cos_sin_cache.data = cache16.data();
     }
   }
+  // norm weights: a float32 one (for q) and one in q's dtype (for k)
+  Buffer<float> w32;
+  Buffer<E> wT;
+  w32.make({c.D}, DType::Float32, seed + 8);
+  wT.make({c.D}, dt, seed + 9);
+  if (c.norm == 1) {
+    a.has_q_norm = a.has_k_norm = true;
+    a.q_norm_weight = a.k_norm_weight = w32.arg;
+  } else if (c.norm == 2) {
+    a.has_k_norm = true;
+    a.k_norm_weight = wT.arg;
+    a.norm_offset = 1.0;
+    a.norm_eps = 1e-5;
+  }
   core::check_rope_pool(a);
   const TensorArg& q_rot_arg = c.inplace ? q.arg : qo.arg;
   const TensorArg& k_rot_arg = c.inplace ? k.arg : ko.arg;
@@ -199,6 +206,9 @@ void run_case(const Case& c, uint32_t seed) {
   if (c.cache && !c.cache_bf16)
     std::memcpy(cache_as_f32.data(), cache32.raw.bytes.data(), cache_as_f32.size() * 4);
 
+  // the weights as the kernel's float32 buffers see them (used when a weight is float32)
+  const void* q_w32 = a.has_q_norm ? a.q_norm_weight.data : w32.raw.bytes.data();
+  const void* k_w32 = a.has_k_norm ? a.k_norm_weight.data : w32.raw.bytes.data();
   emu::write_conflicts = 0;
   RopePoolParams fed = plan.params;  // what the emulator hands the kernel
   Elem* q_out = c.inplace ? q.dev.data() : qo.dev.data();
@@ -206,16 +216,19 @@ void run_case(const Case& c, uint32_t seed) {
   emu::dispatch(plan.threadgroups + c.pad_groups, c.threads, seed, [&](uint g, uint lane, uint n) {
     rope_pool<Elem>(q.dev.data(), k.dev.data(), v.dev.data(), q_out, k_out, kp.dev.data(), vp.dev.data(),
                     reinterpret_cast<const int*>(positions.data()), reinterpret_cast<const int*>(slots.data()),
-                    cache_as_f32.data(), cache16.empty() ? nullptr : cache16.data(), fed, g, lane, n);
+                    cache_as_f32.data(), cache16.empty() ? nullptr : cache16.data(), fed,
+                    static_cast<const float*>(q_w32), wT.dev.data(), static_cast<const float*>(k_w32), wT.dev.data(),
+                    g, lane, n);
   });
   CHECK(std::memcmp(&fed, &plan.params, sizeof(fed)) == 0);
 
   const std::string what = std::string(core::dtype_name(dt)) + " T=" + std::to_string(c.T) + " D=" +
                            std::to_string(c.D) + " rot=" + std::to_string(rot) + (c.neox ? " neox" : " gptj") +
-                           (c.cache ? " cache" : "") + (P ? (c.hnd ? " HND page " : " NHD page ") + std::to_string(P) : "");
+                           (c.cache ? " cache" : "") + (c.norm ? " norm" + std::to_string(c.norm) : "") + (P ? (c.hnd ? " HND page " : " NHD page ") + std::to_string(P) : "");
   // q_rot / k_rot against the reference
-  auto compare = [&](const std::vector<double>& want, const Elem* got, const TensorArg& layout, const TensorArg& in_arg,
-                     const test::HostBuffer& in_raw, int64_t heads) {
+  // `rotated`: the reference's rotation inputs (normalized heads where asked)
+  auto compare = [&](const std::vector<double>& want, const Elem* got, const TensorArg& layout,
+                     const std::vector<float>& rotated, int64_t heads) {
     double worst = 0;
     for (int64_t t = 0; t < c.T; ++t)
       for (int64_t h = 0; h < heads; ++h)
@@ -225,15 +238,14 @@ void run_case(const Case& c, uint32_t seed) {
           if (std::isnan(w)) { if (!std::isnan(g)) worst = 1e9; continue; }
           int64_t pd = d;  // the element paired with d in its rotation
           if (d < rot) pd = c.neox ? (d < rot / 2 ? d + rot / 2 : d - rot / 2) : (d ^ 1);
-          const unsigned char* base = in_raw.bytes.data();
-          const double partner = std::fabs(bits_value(dt, base + (t * in_arg.strides[0] + h * in_arg.strides[1] + d) * in_arg.itemsize)) +
-                                 std::fabs(bits_value(dt, base + (t * in_arg.strides[0] + h * in_arg.strides[1] + pd) * in_arg.itemsize));
+          const float* row = &rotated[static_cast<size_t>((t * heads + h) * c.D)];
+          const double partner = std::fabs(row[d]) + std::fabs(row[pd]);
           worst = std::max(worst, std::fabs(g - w) / ulp_bound(dt, w, partner));
         }
     return worst;
   };
-  const double wq = compare(ref.q_rot, q_out, q_rot_arg, q.arg, q.raw, c.hq);
-  const double wk = compare(ref.k_rot, k_out, k_rot_arg, k.arg, k.raw, c.hkv);
+  const double wq = compare(ref.q_rot, q_out, q_rot_arg, ref.q_in, c.hq);
+  const double wk = compare(ref.k_rot, k_out, k_rot_arg, ref.k_in, c.hkv);
   if (!(wq <= 1.0 && wk <= 1.0)) test::fail(__FILE__, __LINE__, what + ": error " + std::to_string(std::max(wq, wk)) + "x bound");
 
   // pools: the rows the reference writes hold exactly this kernel's k_rot and v; all others untouched
@@ -342,6 +354,31 @@ TEST_CASE("emulated Metal kernel: padded grid, a group size of 64, duplicate slo
   d.duplicate_slot = true;
   d.dtype = DType::Float16;
   run_case<half>(d, seed++);
+}
+
+TEST_CASE("emulated Metal kernel: QK norm (Qwen3 and Gemma styles), with partial rotary, GPT-J, paged, inplace") {
+  uint32_t seed = 400;
+  for (int norm : {1, 2})
+    for (bool neox : {true, false}) {
+      Case c;
+      c.norm = norm;
+      c.neox = neox;
+      run_case<bfloat>(c, seed++);
+      c.rot = 32;
+      c.dtype = DType::Float32;
+      c.D = 80;  // not a power of two: the pairwise sum pads
+      run_case<float>(c, seed++);
+    }
+  Case c;
+  c.norm = 1;
+  c.inplace = true;
+  c.page_size = 4;
+  c.pool = 48;
+  c.dtype = DType::Float16;
+  c.hq = 300;  // more q/k heads than one chunk of norm factors
+  c.hkv = 2;
+  c.T = 3;
+  run_case<half>(c, seed++);
 }
 
 TEST_CASE("the dispatcher's parameter block: strides, flags, table") {

@@ -584,8 +584,8 @@ def test_opcheck():
     q, k, v, positions, slots, k_pool, v_pool = make_case("cuda", 9, 8, 2, 64, torch.float16)
     for rotary_dim, check_slots in [(None, False), (32, True)]:
         args = (q, k, v, positions, slots, k_pool, v_pool, 64, 8, 2, 1e4, rotary_dim, True, None, None, None, "NHD",
-                check_slots)
+                None, None, 1e-6, 0.0, check_slots)
         torch.library.opcheck(torch.ops.attnprep.rope_pool_fused.default, args)
     args = (q.clone(), k.clone(), v, positions, slots, k_pool, v_pool, 64, 8, 2, 1e4, None, True, None, None, None,
-            "NHD", False)
+            "NHD", None, None, 1e-6, 0.0, False)
     torch.library.opcheck(torch.ops.attnprep.rope_pool_fused_inplace.default, args)

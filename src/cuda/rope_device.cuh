@@ -1,0 +1,175 @@
+// Device helpers of the fused RoPE + KV-pool kernels (cuda/rope_pool.cu and
+// cuda/rope_norm_pool.cu): element conversions, vector groups, the fp8 store,
+// the rotation's arithmetic and the token's cos/sin.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "core/angle_sincos.h"
+#include "core/rope_pool_params.h"
+#include "cuda/rope_pool.h"
+
+namespace attnprep::cuda::rope {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// N consecutive elements, moved with one 16-byte access when N elements are
+// 16 bytes (the plan guarantees alignment then), else one element at a time.
+template <typename T, int N>
+struct Group {
+  static constexpr bool kVector = N * sizeof(T) == 16;
+  T e[N];
+  __device__ __forceinline__ void load(const T* p) {
+    if constexpr (kVector) {
+      *reinterpret_cast<uint4*>(e) = __ldg(reinterpret_cast<const uint4*>(p));
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) e[i] = p[i];
+    }
+  }
+  __device__ __forceinline__ void store(T* p) const {
+    if constexpr (kVector) {
+      *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(e);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) p[i] = e[i];
+    }
+  }
+};
+
+// N elements of a group, each x / scale rounded to nearest even and saturated
+// to the format's finite range, stored as N bytes (one access when N > 1:
+// the plan aligns fp8 pool rows to the group size).
+template <typename T, int N>
+__device__ __forceinline__ void store_fp8(const Group<T, N>& g, unsigned char* dst, float scale, int kind) {
+  const __nv_fp8_interpretation_t fmt = kind == 1 ? __NV_E4M3 : __NV_E5M2;
+  // packed in registers, four bytes to a word (a local byte array would go to the stack)
+  uint32_t word[(N + 3) / 4] = {};
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const uint32_t b = __nv_cvt_float_to_fp8(__fdiv_rn(to_float(g.e[i]), scale), __NV_SATFINITE, fmt);
+    word[i / 4] |= b << (8 * (i % 4));
+  }
+  if constexpr (N == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(word[0], word[1]);
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<uint32_t*>(dst) = word[0];
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = static_cast<unsigned char>(word[i / 4] >> (8 * (i % 4)));
+  }
+}
+
+__device__ __forceinline__ int64_t read_index(const void* p, int64_t i, int is64) {
+  return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
+}
+
+// The rotation of a pair (a, b) by (cos, sin) = (r.x, r.y), in float32 with
+// the multiply-adds spelled out (docs/contract.md): the first element, then
+// the second.
+__device__ __forceinline__ float rotate_first(float a, float b, float2 r) {
+  return __fmaf_rn(a, r.x, -__fmul_rn(b, r.y));
+}
+__device__ __forceinline__ float rotate_second(float a, float b, float2 r) {
+  return __fmaf_rn(b, r.x, __fmul_rn(a, r.y));
+}
+
+// (cos, sin) of frequency i at position pos: from rope_base, or read from
+// cos_sin_cache (NaN for a position outside the table, which is never read).
+// inv_freq_i is p.inv_freq[i], read by the caller (before the kernel's wait).
+__device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
+                                                bool pos_ok, int i, float inv_freq_i) {
+  float c, s;
+  if (!p.use_cache) {
+    // float32 angle; sin/cos correctly rounded at any magnitude, with no
+    // slow path (core/angle_sincos.h says why not sincosf)
+    const float angle = __fmul_rn(static_cast<float>(pos), inv_freq_i);
+    core::angle_sincos(angle, &s, &c);
+  } else if (pos_ok) {
+    const int half = p.rotary_dim / 2;
+    const int64_t row = pos * p.cache_stride;
+    if (p.cache_bf16) {
+      const auto* cache = static_cast<const __nv_bfloat16*>(ptr.cos_sin_cache);
+      c = __bfloat162float(cache[row + i]);
+      s = __bfloat162float(cache[row + half + i]);
+    } else {
+      const auto* cache = static_cast<const float*>(ptr.cos_sin_cache);
+      c = cache[row + i];
+      s = cache[row + half + i];
+    }
+  } else {
+    c = s = __int_as_float(0x7fc00000);
+  }
+  return make_float2(c, s);
+}
+
+// ---- the QK norm (docs/contract.md), shared by both kernels that do it
+
+// Where the norm weights sit in shared memory: q's at 0, k's at this offset.
+constexpr int kNormWeightsK = 2 * ATTNPREP_ROPE_MAX_HALF;
+
+// The block's norm weights as float32 in shared memory (q's, then k's; 1
+// where a side has no norm). The caller's barrier publishes them.
+template <typename T>
+__device__ __forceinline__ void stage_norm_weights(float* w, const RopePoolParams& p, const RopePoolPointers& ptr) {
+  for (int i = threadIdx.x; i < p.head_dim; i += blockDim.x) {
+    w[i] = !p.norm_q ? 1.f
+           : p.q_norm_f32 ? __ldg(static_cast<const float*>(ptr.q_norm_weight) + i)
+                          : to_float(static_cast<const T*>(ptr.q_norm_weight)[i]);
+    w[kNormWeightsK + i] = !p.norm_k ? 1.f
+                           : p.k_norm_f32 ? __ldg(static_cast<const float*>(ptr.k_norm_weight) + i)
+                                          : to_float(static_cast<const T*>(ptr.k_norm_weight)[i]);
+  }
+}
+
+// The squares of a group's N elements summed pairwise (adjacent elements,
+// then adjacent sums): one complete subtree of the contract's sum order.
+template <typename T, int N>
+__device__ __forceinline__ float group_squares(const Group<T, N>& g) {
+  float s[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float f = to_float(g.e[i]);
+    s[i] = __fmul_rn(f, f);
+  }
+#pragma unroll
+  for (int step = 1; step < N; step *= 2)
+#pragma unroll
+    for (int i = 0; i < N; i += 2 * step) s[i] = __fadd_rn(s[i], s[i + step]);
+  return s[0];
+}
+
+// 1 / sqrt(ss / head_dim + eps), each step correctly rounded.
+__device__ __forceinline__ float norm_factor(float ss, const RopePoolParams& p) {
+  return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(p.head_dim)), p.norm_eps)));
+}
+
+// A group normalized in place: w points at the weights of its elements.
+// Llama/Qwen3 (offset 0): T(float32(T(x inv)) * w); Gemma: T((x inv) * (offset + w)).
+template <typename T, int N>
+__device__ __forceinline__ void normalize_group(Group<T, N>& g, const float* w, float inv, float offset) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float n = __fmul_rn(to_float(g.e[i]), inv);
+    g.e[i] = offset == 0.f ? from_float<T>(__fmul_rn(to_float(from_float<T>(n)), w[i]))
+                           : from_float<T>(__fmul_rn(n, __fadd_rn(offset, w[i])));
+  }
+}
+
+// The general QK-norm kernel (cuda/rope_norm_pool.cu), for parameters with
+// norm_q or norm_k set that the rotation kernel does not take
+// (core::rope_norm_in_rotation_kernel); same contract as rope_pool().
+cudaError_t rope_norm_pool(const RopePoolParams& params, const RopePoolPointers& ptrs, core::DType dtype,
+                           cudaStream_t stream);
+
+}  // namespace attnprep::cuda::rope
