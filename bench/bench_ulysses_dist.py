@@ -15,7 +15,20 @@
    (global rows, heads, head_dim) = (41984, 56, 128), (75600, 40, 128),
    (65536, 24, 128). Median ms per exchange over 20 after 5 warm-ups, and
    the speed-up; and the local copies alone (pack vs the three permutes,
-   no exchange). Rank 0 prints a table for bench/README.md.
+   no exchange).
+3. The pack-free input side (``--parts input``), at (rows per rank, heads,
+   head_dim) = (41984, 56, 128), (75600, 40, 128), (65536, 24, 128), (8192,
+   32, 128), MHA, hidden = heads * head_dim: UlyssesQKVProjection (one batched
+   GEMM writes the send buffer, then the all_to_all_single) against the
+   projection + pack + exchange and the projection + three permutes + three
+   all_to_alls; the projection GEMM alone for scale.
+4. Overlap (``--parts overlap``): exposed communication = (layer time -
+   attention alone on the same heads and sequence) / (exchange alone, both
+   ways), unchunked and chunked, causal and not, at the same shapes.
+5. fp8 on the wire (``--parts fp8``): each direction's exchange (pack or
+   copy, quantize, all_to_all_single, dequantize, unpack or merge) with
+   wire_dtype=float8_e4m3fn against bf16.
+Rank 0 prints the tables for bench/README.md.
 
 Keep NCCL_NVLS_ENABLE=0 (set below if unset): NVLink multicast stays off.
 """
@@ -37,10 +50,12 @@ import torch.distributed as dist  # noqa: E402
 from attnprep import ulysses  # noqa: E402
 
 SHAPES = [(41984, 56, 128), (75600, 40, 128), (65536, 24, 128)]
+# the pack-free, overlap and fp8 tables: rows per rank
+RANK_SHAPES = [(41984, 56, 128), (75600, 40, 128), (65536, 24, 128), (8192, 32, 128)]
 
 
-def timed(fn, device, iters=20, warmup=5):
-    for _ in range(warmup):
+def timed(fn, device, iters=20, warmup=None):
+    for _ in range(min(5, iters) if warmup is None else warmup):
         fn()
     times = []
     for _ in range(iters):
@@ -93,12 +108,100 @@ def check(rank, world, device, dtype, rows, heads, kv, dim):
     return err, err <= tol
 
 
+def input_side_rows(world, device, dtype, rows, heads, dim, iters):
+    """(pack-free, projection + pack, projection + three permutes, projection alone) ms."""
+    hidden = heads * dim
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=g)
+    w = [torch.randn(heads * dim, hidden, device=device, dtype=dtype, generator=g) * hidden ** -0.5
+         for _ in range(3)]
+    proj = ulysses.UlyssesQKVProjection.from_weights(*w, world, dim, validate=False)
+    w_qkv = torch.cat(w)  # the plain projection, q | k | v
+
+    def projected():
+        qkv = x @ w_qkv.T
+        return (t.view(rows, heads, dim) for t in qkv.split(heads * dim, dim=1))
+
+    t_free = timed(lambda: proj(x), device, iters)
+    t_pack = timed(lambda: ulysses.scatter_heads(*projected(), validate=False), device, iters)
+    t_three = timed(lambda: baseline_in(*projected(), world), device, iters)
+    t_gemm = timed(lambda: x @ w_qkv.T, device, iters)
+    del proj, w, w_qkv, x
+    return t_free, t_pack, t_three, t_gemm
+
+
+def overlap_rows(world, device, dtype, rows, heads, dim, causal, iters):
+    """(attention alone, exchange alone, layer unchunked, layer chunked, chunks) ms."""
+    g = torch.Generator(device=device).manual_seed(1)
+    q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype, generator=g) for _ in range(3))
+    ql, kl, vl = ulysses.scatter_heads(q, k, v, validate=False)
+    attn = ulysses.sdpa(causal)
+    o = attn(ql, kl, vl)
+    t_attn = timed(lambda: attn(ql, kl, vl), device, iters)
+    t_x = timed(lambda: ulysses.gather_heads(ulysses.scatter_heads(q, k, v, validate=False)[0]), device, iters)
+    t_1 = timed(lambda: ulysses.ulysses_attention(q, k, v, causal=causal, validate=False), device, iters)
+    chunks = ulysses._local_chunks(heads, heads, world, "auto")
+    t_c = timed(lambda: ulysses.ulysses_attention(q, k, v, causal=causal, validate=False, chunks="auto"), device,
+                iters)
+    del o
+    return t_attn, t_x, t_1, t_c, chunks
+
+
+def fp8_rows(world, device, dtype, rows, heads, dim, iters):
+    """(in bf16, in fp8, out bf16, out fp8) ms."""
+    g = torch.Generator(device=device).manual_seed(2)
+    q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype, generator=g) for _ in range(3))
+    o = torch.randn(world * rows, heads // world, dim, device=device, dtype=dtype, generator=g)
+    f8 = torch.float8_e4m3fn
+    return (timed(lambda: ulysses.scatter_heads(q, k, v, validate=False), device, iters),
+            timed(lambda: ulysses.scatter_heads(q, k, v, validate=False, wire_dtype=f8), device, iters),
+            timed(lambda: ulysses.gather_heads(o), device, iters),
+            timed(lambda: ulysses.gather_heads(o, wire_dtype=f8), device, iters))
+
+
+def extra_tables(rank, world, device, dtype, a):
+    """Tables 3-5 (module docstring), printed by rank 0."""
+    shapes = [(32, 2 * world, 16)] if a.smoke else RANK_SHAPES
+    iters = 3 if a.smoke else 10
+    out = []
+    if "input" in a.parts:
+        out += ["\n| (rows per rank, heads, head_dim) | pack-free projection + a2a ms | projection + pack + a2a ms | "
+                "projection + 3 permutes + 3 a2a ms | speed-up vs pack | speed-up vs 3 a2a | projection GEMM alone ms |",
+                "|---|---|---|---|---|---|---|"]
+        for rows, heads, dim in shapes:
+            t_free, t_pack, t_three, t_gemm = input_side_rows(world, device, dtype, rows, heads, dim, iters)
+            out.append(f"| ({rows}, {heads}, {dim}) | {t_free:.3f} | {t_pack:.3f} | {t_three:.3f} | "
+                       f"{t_pack / t_free:.2f}x | {t_three / t_free:.2f}x | {t_gemm:.3f} |")
+    if "overlap" in a.parts:
+        out += ["\n| (rows per rank, heads, head_dim) | causal | attention alone ms | exchange alone (in + out) ms | "
+                "layer, 1 chunk ms | exposed, 1 chunk | layer, chunks ms (chunks) | exposed, chunked |",
+                "|---|---|---|---|---|---|---|---|"]
+        for rows, heads, dim in shapes:
+            for causal in (False, True):
+                t_attn, t_x, t_1, t_c, c = overlap_rows(world, device, dtype, rows, heads, dim, causal,
+                                                        2 if a.smoke else 5)
+                out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {t_1:.2f} | "
+                           f"{(t_1 - t_attn) / t_x:.2f} | {t_c:.2f} ({c}) | {(t_c - t_attn) / t_x:.2f} |")
+    if "fp8" in a.parts:
+        out += ["\n| (rows per rank, heads, head_dim) | in: bf16 ms | in: fp8 wire ms | in speed-up | out: bf16 ms | "
+                "out: fp8 wire ms | out speed-up |", "|---|---|---|---|---|---|---|"]
+        for rows, heads, dim in shapes:
+            i16, i8, o16, o8 = fp8_rows(world, device, dtype, rows, heads, dim, iters)
+            out.append(f"| ({rows}, {heads}, {dim}) | {i16:.3f} | {i8:.3f} | {i16 / i8:.2f}x | {o16:.3f} | "
+                       f"{o8:.3f} | {o16 / o8:.2f}x |")
+    if rank == 0 and out:
+        print("\n".join(out))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--backend", default="nccl")
+    p.add_argument("--parts", default="exchange,input,overlap,fp8",
+                   help="comma-separated: exchange (tables 1-2), input, overlap, fp8")
     p.add_argument("--smoke", action="store_true", help="small shapes (script check on CPU)")
     p.add_argument("--spawn", type=int, default=0, help="start N local processes instead of torchrun")
     a = p.parse_args()
+    a.parts = set(a.parts.split(","))
     if not a.spawn and "RANK" not in os.environ:  # not under torchrun: one rank per visible GPU
         if a.backend == "nccl" and torch.cuda.device_count() < 2:
             print("bench_ulysses_dist: needs 2+ CUDA devices (or --spawn N --backend gloo); nothing run")
@@ -124,39 +227,46 @@ def worker(rank, world, a):
     else:
         device, dtype = torch.device("cpu"), torch.float64
     try:
-        lines = []
-        cases = [(8 * world, 8 * world), (8 * world, max(1, world // 2)), (8 * world, 2 * world)]
-        for heads, kv in cases:
-            err, ok = check(rank, world, device, dtype, 64 if a.smoke else 1024, heads, kv, 64)
-            lines.append(f"| correctness | heads {heads}, kv {kv} | max err {err:.2e} | {'ok' if ok else 'FAIL'} |")
-            assert ok, lines[-1]
-        shapes = [(64 * world, 2 * world, 16)] if a.smoke else SHAPES
-        rows_out = []
-        for rows_g, heads, dim in shapes:
-            rows = rows_g // world
-            q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype) for _ in range(3))
-            o = torch.randn(rows_g, heads // world, dim, device=device, dtype=dtype)
-            t_in = timed(lambda: ulysses.scatter_heads(q, k, v, validate=False), device)
-            t_in_base = timed(lambda: baseline_in(q, k, v, world), device)
-            t_out = timed(lambda: ulysses.gather_heads(o), device)
-            t_out_base = timed(lambda: baseline_out(o, world), device)
-            # the local copies alone, no exchange: where the difference comes from
-            t_pack = timed(lambda: ulysses._pack(q, k, v, world), device)
-            t_perm = timed(lambda: [destination_major(t, world) for t in (q, k, v)], device)
-            rows_out.append(f"| ({rows_g}, {heads}, {dim}) | {t_in:.3f} | {t_in_base:.3f} | {t_in_base / t_in:.2f}x | "
-                            f"{t_out:.3f} | {t_out_base:.3f} | {t_out_base / t_out:.2f}x | "
-                            f"{t_pack:.3f} | {t_perm:.3f} |")
-        if rank == 0:
-            nccl = ".".join(map(str, torch.cuda.nccl.version())) if a.backend == "nccl" else "-"
-            print(f"\n### Ulysses exchange, {world} x {torch.cuda.get_device_name() if a.backend == 'nccl' else 'cpu'}"
-                  f" | torch {torch.__version__} | NCCL {nccl} | {time.strftime('%Y-%m-%d')}\n")
-            print("\n".join(lines))
-            print("\n| (global rows, heads, head_dim) | in: attnprep ms | in: 3x permute+a2a ms | in speed-up |"
-                  " out: attnprep ms | out: a2a+permute ms | out speed-up | pack alone ms | 3 permutes alone ms |")
-            print("|---|---|---|---|---|---|---|---|---|")
-            print("\n".join(rows_out))
+        if "exchange" in a.parts:
+            exchange_tables(rank, world, device, dtype, a)
+        extra_tables(rank, world, device, dtype, a)
     finally:
         dist.destroy_process_group()
+
+
+def exchange_tables(rank, world, device, dtype, a):
+    """Tables 1 and 2 (module docstring), printed by rank 0."""
+    lines = []
+    cases = [(8 * world, 8 * world), (8 * world, max(1, world // 2)), (8 * world, 2 * world)]
+    for heads, kv in cases:
+        err, ok = check(rank, world, device, dtype, 64 if a.smoke else 1024, heads, kv, 64)
+        lines.append(f"| correctness | heads {heads}, kv {kv} | max err {err:.2e} | {'ok' if ok else 'FAIL'} |")
+        assert ok, lines[-1]
+    shapes = [(64 * world, 2 * world, 16)] if a.smoke else SHAPES
+    rows_out = []
+    for rows_g, heads, dim in shapes:
+        rows = rows_g // world
+        q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype) for _ in range(3))
+        o = torch.randn(rows_g, heads // world, dim, device=device, dtype=dtype)
+        t_in = timed(lambda: ulysses.scatter_heads(q, k, v, validate=False), device)
+        t_in_base = timed(lambda: baseline_in(q, k, v, world), device)
+        t_out = timed(lambda: ulysses.gather_heads(o), device)
+        t_out_base = timed(lambda: baseline_out(o, world), device)
+        # the local copies alone, no exchange: where the difference comes from
+        t_pack = timed(lambda: ulysses._pack(q, k, v, world), device)
+        t_perm = timed(lambda: [destination_major(t, world) for t in (q, k, v)], device)
+        rows_out.append(f"| ({rows_g}, {heads}, {dim}) | {t_in:.3f} | {t_in_base:.3f} | {t_in_base / t_in:.2f}x | "
+                        f"{t_out:.3f} | {t_out_base:.3f} | {t_out_base / t_out:.2f}x | "
+                        f"{t_pack:.3f} | {t_perm:.3f} |")
+    if rank == 0:
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if a.backend == "nccl" else "-"
+        print(f"\n### Ulysses exchange, {world} x {torch.cuda.get_device_name() if a.backend == 'nccl' else 'cpu'}"
+              f" | torch {torch.__version__} | NCCL {nccl} | {time.strftime('%Y-%m-%d')}\n")
+        print("\n".join(lines))
+        print("\n| (global rows, heads, head_dim) | in: attnprep ms | in: 3x permute+a2a ms | in speed-up |"
+              " out: attnprep ms | out: a2a+permute ms | out speed-up | pack alone ms | 3 permutes alone ms |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(rows_out))
 
 
 if __name__ == "__main__":

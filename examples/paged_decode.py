@@ -174,6 +174,12 @@ class PagedEngine:
         self.logits: Optional[Dict[int, List[torch.Tensor]]] = None  # per request and step, when recording
         for i, (layer, name) in enumerate(layers):
             setattr(layer, name, PagedAttention(getattr(layer, name), i, self))
+        # The model's attention layers are replaced, so the mask transformers
+        # builds for them is never read: have it built the way SDPA takes it
+        # (the eager form, GPT-J's default, copies a host scalar to the
+        # device, which a CUDA graph cannot capture).
+        if getattr(config, "_attn_implementation", None) == "eager":
+            config._attn_implementation = "sdpa"
 
     # ------------------------------------------------------------ one layer
 
@@ -468,6 +474,8 @@ def main():
         g = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 33, 17, 64)]
         reference = {}
+        ids = torch.tensor(prompts[0], device="cuda")[None]  # warm-up: the first call pays one-time costs
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False, pad_token_id=0)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for i, prompt in enumerate(prompts):  # one request at a time, as generate takes them unpadded

@@ -8,6 +8,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/angle_sincos.h"
 #include "core/rope_pool_params.h"
@@ -113,6 +114,22 @@ __device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const R
   return make_float2(c, s);
 }
 
+// Token t's position and slot. A position outside cos_sin_cache must not be
+// read: its rows become NaN and its pool write is skipped (check_slots=True
+// reports it on the host); a slot outside [0, pool_size) is not written.
+struct TokenPlace {
+  int64_t pos, slot;
+  bool pos_ok, write_pool;
+};
+__device__ __forceinline__ TokenPlace token_place(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t) {
+  TokenPlace tp;
+  tp.pos = read_index(ptr.positions, t, p.positions_int64);
+  tp.slot = read_index(ptr.slots, t, p.slots_int64);
+  tp.pos_ok = !p.use_cache || (tp.pos >= 0 && tp.pos < p.cache_len);
+  tp.write_pool = tp.pos_ok && tp.slot >= 0 && tp.slot < p.pool_size;
+  return tp;
+}
+
 // ---- the QK norm (docs/contract.md), shared by both kernels that do it
 
 // Where the norm weights sit in shared memory: q's at 0, k's at this offset.
@@ -154,15 +171,39 @@ __device__ __forceinline__ float norm_factor(float ss, const RopePoolParams& p) 
   return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(p.head_dim)), p.norm_eps)));
 }
 
-// A group normalized in place: w points at the weights of its elements.
+// A group normalized in place: w points at the weights of its elements (in
+// shared memory; 16-byte aligned when N is a multiple of 4, as a group's
+// first element is a multiple of N, so they load four at a time).
 // Llama/Qwen3 (offset 0): T(float32(T(x inv)) * w); Gemma: T((x inv) * (offset + w)).
 template <typename T, int N>
 __device__ __forceinline__ void normalize_group(Group<T, N>& g, const float* w, float inv, float offset) {
+  float wv[N];
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) *reinterpret_cast<float4*>(wv + i) = *reinterpret_cast<const float4*>(w + i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) wv[i] = w[i];
+  }
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     const float n = __fmul_rn(to_float(g.e[i]), inv);
-    g.e[i] = offset == 0.f ? from_float<T>(__fmul_rn(to_float(from_float<T>(n)), w[i]))
-                           : from_float<T>(__fmul_rn(n, __fadd_rn(offset, w[i])));
+    g.e[i] = offset == 0.f ? from_float<T>(__fmul_rn(to_float(from_float<T>(n)), wv[i]))
+                           : from_float<T>(__fmul_rn(n, __fadd_rn(offset, wv[i])));
+  }
+}
+
+// Calls f(T{}, std::integral_constant<bool, fp8>{}) for the element type and
+// the pool kind: the one dtype switch of both launchers.
+template <typename F>
+cudaError_t with_element_type(core::DType dtype, bool fp8, F&& f) {
+  using Fp8 = std::true_type;
+  using Same = std::false_type;
+  switch (dtype) {
+    case core::DType::Float16: return fp8 ? f(__half{}, Fp8{}) : f(__half{}, Same{});
+    case core::DType::BFloat16: return fp8 ? f(__nv_bfloat16{}, Fp8{}) : f(__nv_bfloat16{}, Same{});
+    case core::DType::Float32: return fp8 ? f(float{}, Fp8{}) : f(float{}, Same{});
+    default: return cudaErrorInvalidValue;
   }
 }
 

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, Policy::norm_min_blocks_per_sm)
   __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];
   // each lane's normalized elements, where its head's other lanes find their partners
   __shared__ __align__(16) T rows[kThreads * kMaxPerLane];
-  __shared__ float norm_w[2 * kNormWeightsK];  // q's weights, then k's
+  __shared__ __align__(16) float norm_w[2 * kNormWeightsK];  // q's weights, then k's
   const int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
   const int D = p.head_dim, G = p.norm_lanes, R = p.norm_per_lane;
@@ -90,11 +90,11 @@ __global__ void __launch_bounds__(kThreads, Policy::norm_min_blocks_per_sm)
 
   wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
   let_next_kernel_start();
-  const int64_t pos = read_index(ptr.positions, t, p.positions_int64);
-  const int64_t slot = read_index(ptr.slots, t, p.slots_int64);
-  const bool pos_ok = !p.use_cache || (pos >= 0 && pos < p.cache_len);
-  const bool write_pool = pos_ok && slot >= 0 && slot < p.pool_size;
-  for (int i = threadIdx.x; i < half; i += blockDim.x) cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, p.inv_freq[i]);
+  const TokenPlace place = token_place(p, ptr, t);
+  const int64_t slot = place.slot;
+  const bool write_pool = place.write_pool;
+  for (int i = threadIdx.x; i < half; i += blockDim.x)
+    cs[i] = token_cos_sin(p, ptr, place.pos, place.pos_ok, i, p.inv_freq[i]);
   stage_norm_weights<T>(norm_w, p, ptr);
   __syncthreads();
 
@@ -220,14 +220,9 @@ cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaSt
 
 cudaError_t rope_norm_pool(const RopePoolParams& params, const RopePoolPointers& ptrs, core::DType dtype,
                            cudaStream_t stream) {
-  const bool fp8 = params.pool_fp8 != 0;
-  switch (dtype) {
-    case core::DType::Float16: return fp8 ? launch<__half, true>(params, ptrs, stream) : launch<__half, false>(params, ptrs, stream);
-    case core::DType::BFloat16:
-      return fp8 ? launch<__nv_bfloat16, true>(params, ptrs, stream) : launch<__nv_bfloat16, false>(params, ptrs, stream);
-    case core::DType::Float32: return fp8 ? launch<float, true>(params, ptrs, stream) : launch<float, false>(params, ptrs, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_element_type(dtype, params.pool_fp8 != 0, [&](auto element, auto fp8) {
+    return launch<decltype(element), decltype(fp8)::value>(params, ptrs, stream);
+  });
 }
 
 }  // namespace attnprep::cuda::rope

@@ -196,7 +196,7 @@ template <typename T, int W, int kAhead, bool kFp8, bool kNorm>
 __global__ void __launch_bounds__(kThreads, kNorm ? Policy::norm_min_blocks_per_sm : Policy::min_blocks_per_sm)
     rope_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr) {
   __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
-  __shared__ float norm_w[kNorm ? 2 * kNormWeightsK : 1];
+  __shared__ __align__(16) float norm_w[kNorm ? 2 * kNormWeightsK : 4];
   const int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
 
@@ -223,12 +223,9 @@ __global__ void __launch_bounds__(kThreads, kNorm ? Policy::norm_min_blocks_per_
   // Not at entry, as the copy engine does: the next call's blocks would then
   // take multiprocessor slots this kernel's later tokens still need.
   let_next_kernel_start();
-  const int64_t pos = read_index(ptr.positions, t, p.positions_int64);
-  const int64_t slot = read_index(ptr.slots, t, p.slots_int64);
-  // A position outside cos_sin_cache must not be read: its rows become NaN
-  // and its pool write is skipped (check_slots=True reports it on the host).
-  const bool pos_ok = !p.use_cache || (pos >= 0 && pos < p.cache_len);
-  const bool write_pool = pos_ok && slot >= 0 && slot < p.pool_size;
+  const TokenPlace place = token_place(p, ptr, t);
+  const int64_t pos = place.pos, slot = place.slot;
+  const bool pos_ok = place.pos_ok, write_pool = place.write_pool;
   if (item < end) it.load();
 #pragma unroll
   for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W>(p, ptr, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
@@ -292,14 +289,9 @@ cudaError_t rope_pool(const RopePoolParams& params, const RopePoolPointers& ptrs
     return cudaErrorInvalidConfiguration;
   if ((params.norm_q || params.norm_k) && !core::rope_norm_in_rotation_kernel(params))
     return rope_norm_pool(params, ptrs, dtype, stream);
-  const bool fp8 = params.pool_fp8 != 0;
-  switch (dtype) {
-    case core::DType::Float16: return fp8 ? launch<__half, true>(params, ptrs, stream) : launch<__half, false>(params, ptrs, stream);
-    case core::DType::BFloat16:
-      return fp8 ? launch<__nv_bfloat16, true>(params, ptrs, stream) : launch<__nv_bfloat16, false>(params, ptrs, stream);
-    case core::DType::Float32: return fp8 ? launch<float, true>(params, ptrs, stream) : launch<float, false>(params, ptrs, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_element_type(dtype, params.pool_fp8 != 0, [&](auto element, auto fp8) {
+    return launch<decltype(element), decltype(fp8)::value>(params, ptrs, stream);
+  });
 }
 
 }  // namespace attnprep::cuda

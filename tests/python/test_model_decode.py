@@ -96,6 +96,58 @@ def test_decode_steps_replayed_as_cuda_graphs(family):
     assert got == want
 
 
+def bf16_against_transformers(family, device, backend, new_tokens):
+    """A bf16 model through the loop and through transformers' own bf16
+    generate: (greedy-token agreement rate, worst per-step logit error over
+    max |logit|). Logits compare over each request's steps up to and
+    including its first disagreement (after it the contexts differ)."""
+    pytest.importorskip("transformers")
+    model = pd.small_model(family, torch.bfloat16, device)
+    reference = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 1000, (n,), generator=g).tolist() for n in (5, 19, 3, 33)]
+    engine = pd.PagedEngine(model, page_size=16, num_pages=64, backend=backend)
+    engine.logits = {}
+    got = engine.generate([pd.Request(i, p, new_tokens) for i, p in enumerate(prompts)], arrivals=[0, 0, 2, 5])
+    agree = worst = 0.0
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor(prompt, device=device)[None]
+        out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                 do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        want = out.sequences[0, ids.shape[1]:].tolist()
+        n = 0
+        while n < len(want) and want[n] == got[i][n]:
+            n += 1
+        agree += n / len(want) / len(prompts)
+        for step in range(min(n + 1, len(want))):
+            a, b = out.logits[step][0].float().cpu(), engine.logits[i][step]
+            worst = max(worst, ((a - b).abs().max() / a.abs().max()).item())
+    print(f"{family} bf16: greedy tokens agree {100 * agree:.1f}%, worst logit error {worst:.4f} of max |logit|")
+    return agree, worst
+
+
+# The stated tolerance of the bf16 comparison: per-step logits within 5% of
+# the step's largest logit (the loop's own plain-torch path measured 0.8-1.5%
+# on the CPU, the differences being bf16 rounding in other orders).
+BF16_LOGIT_TOLERANCE = 0.05
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_bf16_logits_of_the_loop_on_the_cpu(family):
+    agree, worst = bf16_against_transformers(family, "cpu", "reference", 12)
+    assert worst <= BF16_LOGIT_TOLERANCE and agree > 0.5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16_logits_with_attnprep_against_transformers_bf16(family):
+    """bf16 model with rope_pool_fused (Qwen3: its norm fused) against
+    transformers' own bf16 run: logits within the stated tolerance; the
+    agreement rate of greedy tokens is reported (and must be a majority)."""
+    agree, worst = bf16_against_transformers(family, "cuda", "attnprep", 64)
+    assert worst <= BF16_LOGIT_TOLERANCE and agree > 0.5
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fp8_pool_logits_against_the_bf16_pool():
     """fp8 (e4m3, unit scales) instead of bf16 cache pages: the error it adds
