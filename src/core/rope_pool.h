@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fast_divmod.h"  // ATTNPREP_HD
 #include "core/rope_pool_params.h"
 #include "core/tensor.h"
 
@@ -141,6 +142,15 @@ inline bool rope_norm_in_rotation_kernel(const RopePoolParams& p) {
   const int32_t items = p.qk_items_per_head;
   return p.width > 1 && p.rotary_dim == p.head_dim && (p.head_dim & (p.head_dim - 1)) == 0 && items <= 32 &&
          (items & (items - 1)) == 0;
+}
+
+// The items of a token that each of its `splits` blocks serves (block b:
+// [b * n, min(n_all, (b + 1) * n))): an even share, rounded up to whole
+// heads of `lanes` items when the rotation kernel does the QK norm (1
+// otherwise), so that a head's items are lanes of one warp in one round.
+ATTNPREP_HD int rope_items_per_block(int n_all, int splits, int lanes) {
+  const int share = (n_all + splits - 1) / splits;
+  return (share + lanes - 1) / lanes * lanes;
 }
 
 // Work of one token in the QK-norm kernel: q heads, k heads, then v heads,

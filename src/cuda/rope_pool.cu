@@ -208,8 +208,7 @@ __global__ void __launch_bounds__(kThreads, kNorm ? Policy::norm_min_blocks_per_
   const int n_qk = (p.num_qo_heads + p.num_kv_heads) * p.qk_items_per_head;
   const int n_all = n_qk + p.num_kv_heads * p.v_items_per_head;
   const int lanes = p.qk_items_per_head;  // kNorm: a power of two, at most 32
-  int per_block = (n_all + gridDim.y - 1) / gridDim.y;
-  if constexpr (kNorm) per_block = (per_block + lanes - 1) / lanes * lanes;
+  const int per_block = core::rope_items_per_block(n_all, static_cast<int>(gridDim.y), kNorm ? lanes : 1);
   const int end = min(n_all, static_cast<int>(blockIdx.y) * per_block + per_block);
   // One item in flight per thread, its loads issued before the cos/sin table
   // so they overlap that work and the round trip for the position. (Two

@@ -332,6 +332,40 @@ TEST_CASE("QK norm split: lanes x elements = head_dim padded to a power of two")
     }
 }
 
+TEST_CASE("QK norm in the rotation kernel: every item served once, a head's items in one warp and round") {
+  for (DType dt : {DType::BFloat16, DType::Float32})
+    for (bool neox : {true, false})
+      for (int64_t D : {16, 64, 128, 256})
+        for (auto heads : {std::pair<int64_t, int64_t>{32, 8}, {64, 8}, {5, 1}, {28, 4}})
+          for (int64_t T : {1, 8, 100, 1023, 1024}) {
+            RopePoolArgs a = args(dt, cuda0, T, heads.first, heads.second, D);
+            a.is_neox = neox;
+            const RopePoolParams p = make_rope_pool_params(a, a.q, a.k);
+            if (!rope_norm_in_rotation_kernel(p)) continue;
+            const int lanes = p.qk_items_per_head;
+            const int n_qk = static_cast<int>((heads.first + heads.second) * lanes);
+            const int n_all = static_cast<int>(rope_items_per_token(p));
+            const RopeCudaLaunch plan = plan_rope_cuda_launch(n_all, T);
+            const int per_block = rope_items_per_block(n_all, static_cast<int>(plan.splits), lanes);
+            // (block, round, warp) of every item, as the kernel walks them
+            std::vector<int64_t> place(static_cast<size_t>(n_all), -1);
+            bool once = true;
+            for (int b = 0; b < plan.splits; ++b) {
+              const int begin = b * per_block, end = std::min(n_all, begin + per_block);
+              for (int item = begin; item < end; ++item) {
+                const int r = (item - begin) / plan.threads, thread = (item - begin) % plan.threads;
+                once &= place[static_cast<size_t>(item)] < 0;
+                place[static_cast<size_t>(item)] = (int64_t{b} * 1000000 + r) * 64 + thread / 32;
+              }
+            }
+            bool covered = true, together = true;
+            for (int item = 0; item < n_all; ++item) covered &= place[static_cast<size_t>(item)] >= 0;
+            for (int item = 0; item < n_qk; ++item)
+              together &= place[static_cast<size_t>(item)] == place[static_cast<size_t>(item / lanes * lanes)];
+            CHECK(once && covered && together);
+          }
+}
+
 TEST_CASE("reference: QK norm in float32, pairwise sum, Qwen3 and Gemma rounding") {
   // head of 3 (padded to 4): ss = (1 + 4) + (9 + 0) = 14, mean 14 / 3
   attnprep::core::TensorArg w = make({3}, DType::Float32, cpu);
