@@ -146,7 +146,6 @@ def run_norm(quick: bool = False, with_peers: bool = True):
             rows.append([f"{hq}/{hkv}", T, t * 1e3, 100 * tcopy / t, t / t_rope, graph, best, tc * 1e3, graph_c,
                          tc / t, graph_c / graph])
             print("norm row:", rows[-1], flush=True)  # progress (the table comes at the end)
-        del k_pool, v_pool
     common.print_table(
         f"rope_pool_fused with the QK norm (q_norm_weight, k_norm_weight), bf16, head_dim 128 "
         f"({common.environment()})",

@@ -1,3 +1,4 @@
+import os
 import socket
 
 import pytest
@@ -62,6 +63,22 @@ def assert_ranks_ok(worker, world, *args, timeout=180):
     got, codes = spawn_ranks(worker, world, *args, timeout=timeout)
     assert got == [(r, "ok") for r in range(world)], got
     assert all(c == 0 for c in codes), codes
+
+
+# NVLink multicast stays off on shared multi-GPU hosts (spawned ranks inherit these)
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def nccl_ranks_ok(world, body, *args, timeout=180):
+    """``body`` on `world` GPUs, one NCCL rank each (skipped without them),
+    multicast off; every rank must report "ok"."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA devices")
+    if not dist.is_nccl_available():
+        pytest.skip("no NCCL")
+    for name, value in MULTICAST_OFF.items():
+        os.environ.setdefault(name, value)
+    assert_ranks_ok(run_rank, world, "nccl", body, *args, timeout=timeout)
 
 
 def run_rank(rank, world, port, results, backend, body, *args):

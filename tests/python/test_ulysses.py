@@ -3,7 +3,6 @@ NCCL with one process per GPU (2, 4 and 8 where the machine has them) and
 NCCL with a world of one on the GPU. The layer must equal single-process
 attention over the whole sequence, for MHA and GQA."""
 
-import os
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ import torch.distributed as dist
 
 from attnprep import ulysses
 from attnprep.testing import attention_reference, pack_gqa_reference
-from conftest import assert_ranks_ok, free_port, requires_cuda, run_rank, same_bits, spawn_ranks
+from conftest import assert_ranks_ok, free_port, nccl_ranks_ok, requires_cuda, run_rank, same_bits, spawn_ranks
 
 
 
@@ -87,15 +86,7 @@ def test_gloo_layer_equals_attention_reference(world):
 def test_nccl_layer_equals_attention_reference(world):
     """One process per GPU, as torchrun starts them: the CUDA pack and merge
     kernels with NCCL's all_to_all between them."""
-    if not torch.cuda.is_available() or torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA devices")
-    if not dist.is_nccl_available():
-        pytest.skip("no NCCL")
-    # NVLink multicast stays off (the ranks inherit these)
-    multicast_off = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-    for name, value in multicast_off.items():
-        os.environ.setdefault(name, value)
-    run_ranks(world, "nccl", (torch.float64, torch.bfloat16))
+    nccl_ranks_ok(world, _worker, (torch.float64, torch.bfloat16), timeout=300)
 
 
 def _bad_input_worker(rank, world, device, case):

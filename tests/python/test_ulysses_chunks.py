@@ -6,11 +6,10 @@ agreed on by every rank."""
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from attnprep import ulysses
 from attnprep.testing import attention_reference, pack_gqa_reference
-from conftest import assert_ranks_ok, run_rank
+from conftest import assert_ranks_ok, nccl_ranks_ok, run_rank
 
 
 
@@ -82,13 +81,6 @@ def test_gloo_chunked_layer_equals_attention_reference(world):
 def test_nccl_chunked_layer_equals_attention_reference(world):
     """One process per GPU: the CUDA chunked pack and NCCL's asynchronous
     all_to_alls, overlapped with attention."""
-    if not torch.cuda.is_available() or torch.cuda.device_count() < world or world not in CASES:
-        pytest.skip(f"needs {world} CUDA devices")
-    if not dist.is_nccl_available():
-        pytest.skip("no NCCL")
-    import os
-
-    for name, value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                        "NVSHMEM_DISABLE_NVLS": "1"}.items():
-        os.environ.setdefault(name, value)  # NVLink multicast stays off (the ranks inherit these)
-    assert_ranks_ok(run_rank, world, "nccl", _worker)
+    if world not in CASES:
+        pytest.skip(f"no cases for {world} ranks")
+    nccl_ranks_ok(world, _worker)

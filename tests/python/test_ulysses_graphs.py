@@ -3,14 +3,11 @@ capturable) and replayed with fresh inputs, against eager calls on the same
 inputs: unchunked and chunked, bf16 and fp8 on the wire, MHA and GQA (kv
 heads split and replicated). One process per GPU; skipped without two."""
 
-import os
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from attnprep import ulysses
-from conftest import assert_ranks_ok, run_rank
+from conftest import nccl_ranks_ok
 
 # (heads, kv heads) per world size: MHA, GQA split across ranks, GQA replicated
 GEOMETRIES = {2: [(8, 8), (8, 4), (8, 1)]}
@@ -53,11 +50,4 @@ def _graphs(rank, world, device):
 
 @pytest.mark.parametrize("world", [2])
 def test_nccl_layer_replayed_as_a_cuda_graph(world):
-    if not torch.cuda.is_available() or torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA devices")
-    if not dist.is_nccl_available():
-        pytest.skip("no NCCL")
-    for name, value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                        "NVSHMEM_DISABLE_NVLS": "1"}.items():
-        os.environ.setdefault(name, value)  # NVLink multicast stays off (the ranks inherit these)
-    assert_ranks_ok(run_rank, world, "nccl", _graphs)
+    nccl_ranks_ok(world, _graphs)

@@ -7,7 +7,7 @@ import torch
 
 from attnprep import ulysses
 from attnprep.testing import attention_reference
-from conftest import assert_ranks_ok, run_rank
+from conftest import assert_ranks_ok, nccl_ranks_ok, run_rank
 
 WIRES = {torch.float8_e4m3fn: 2**-4, torch.float8_e5m2: 2**-3}  # half an ulp at the top of the format, relative
 
@@ -78,11 +78,4 @@ def test_gloo_layer_with_fp8_on_the_wire(world):
 
 @pytest.mark.parametrize("world", [2])
 def test_nccl_layer_with_fp8_on_the_wire(world):
-    if not torch.cuda.is_available() or torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} CUDA devices")
-    import os
-
-    for name, value in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                        "NVSHMEM_DISABLE_NVLS": "1"}.items():
-        os.environ.setdefault(name, value)  # NVLink multicast stays off (the ranks inherit these)
-    assert_ranks_ok(run_rank, world, "nccl", _layer)
+    nccl_ranks_ok(world, _layer)
