@@ -45,6 +45,15 @@ core::KvLayout layout_arg(nb::handle obj) {
 
 using Import = ImportedTensor (*)(nb::handle, const char*);
 
+// An optional tensor argument: imported into `held` (which keeps it alive)
+// unless None; returns whether it was given.
+bool import_optional(Import import, nb::handle obj, const char* name, ImportedTensor& held, core::TensorArg& arg) {
+  if (obj.is_none()) return false;
+  held = import(obj, name);
+  arg = held.arg;
+  return true;
+}
+
 // Imports every argument; check_rope_pool(in.args) validates them.
 Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
                      nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
@@ -65,11 +74,7 @@ Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb
   a.slots = in.slots.arg;
   a.k_pool = in.k_pool.arg;
   a.v_pool = in.v_pool.arg;
-  if (!cos_sin_cache.is_none()) {
-    in.cache = import(cos_sin_cache, "cos_sin_cache");
-    a.has_cache = true;
-    a.cos_sin_cache = in.cache.arg;
-  }
+  a.has_cache = import_optional(import, cos_sin_cache, "cos_sin_cache", in.cache, a.cos_sin_cache);
   a.head_dim = int_arg(sc.head_dim, kOp, "head_dim");
   a.num_qo_heads = int_arg(sc.num_qo_heads, kOp, "num_qo_heads");
   a.num_kv_heads = int_arg(sc.num_kv_heads, kOp, "num_kv_heads");
@@ -78,27 +83,11 @@ Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb
   if (a.has_rotary_dim) a.rotary_dim = int_arg(sc.rotary_dim, kOp, "rotary_dim");
   a.is_neox = bool_arg(sc.is_neox, kOp, "is_neox");
   a.inplace = bool_arg(sc.inplace, kOp, "inplace");
-  if (!kv.k_scale.is_none()) {
-    in.k_scale = import(kv.k_scale, "k_scale");
-    a.has_k_scale = true;
-    a.k_scale = in.k_scale.arg;
-  }
-  if (!kv.v_scale.is_none()) {
-    in.v_scale = import(kv.v_scale, "v_scale");
-    a.has_v_scale = true;
-    a.v_scale = in.v_scale.arg;
-  }
+  a.has_k_scale = import_optional(import, kv.k_scale, "k_scale", in.k_scale, a.k_scale);
+  a.has_v_scale = import_optional(import, kv.v_scale, "v_scale", in.v_scale, a.v_scale);
   a.kv_layout = layout_arg(kv.kv_layout);
-  if (!nm.q_norm_weight.is_none()) {
-    in.q_norm = import(nm.q_norm_weight, "q_norm_weight");
-    a.has_q_norm = true;
-    a.q_norm_weight = in.q_norm.arg;
-  }
-  if (!nm.k_norm_weight.is_none()) {
-    in.k_norm = import(nm.k_norm_weight, "k_norm_weight");
-    a.has_k_norm = true;
-    a.k_norm_weight = in.k_norm.arg;
-  }
+  a.has_q_norm = import_optional(import, nm.q_norm_weight, "q_norm_weight", in.q_norm, a.q_norm_weight);
+  a.has_k_norm = import_optional(import, nm.k_norm_weight, "k_norm_weight", in.k_norm, a.k_norm_weight);
   a.norm_eps = float_arg(nm.norm_eps, kOp, "norm_eps");
   a.norm_offset = float_arg(nm.norm_weight_offset, kOp, "norm_weight_offset");
   return in;
