@@ -134,7 +134,7 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
   // q and k heads, a chunk at a time: the chunk's norm factors first (one
   // thread per head), then its items
   for (int h0 = 0; h0 < qk_heads; h0 += kRopeNormChunk) {
-    const int chunk = min(kRopeNormChunk, qk_heads - h0);
+    const int chunk = min(int(kRopeNormChunk), qk_heads - h0);
     if (p.norm_q != 0 || p.norm_k != 0) {
       for (int c = int(lid); c < chunk; c += int(nthreads)) {
         const int h = h0 + c;
