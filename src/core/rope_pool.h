@@ -148,9 +148,13 @@ inline bool rope_norm_in_rotation_kernel(const RopePoolParams& p) {
 // [b * n, min(n_all, (b + 1) * n))): an even share, rounded up to whole
 // heads of `lanes` items when the rotation kernel does the QK norm (1
 // otherwise), so that a head's items are lanes of one warp in one round.
+// (Unsigned arithmetic: the counts are never negative, and a signed division
+// costs the kernel registers.)
 ATTNPREP_HD int rope_items_per_block(int n_all, int splits, int lanes) {
-  const int share = (n_all + splits - 1) / splits;
-  return (share + lanes - 1) / lanes * lanes;
+  const uint32_t share = (static_cast<uint32_t>(n_all) + static_cast<uint32_t>(splits) - 1u) /
+                         static_cast<uint32_t>(splits);
+  const uint32_t whole = static_cast<uint32_t>(lanes);
+  return static_cast<int>((share + whole - 1u) / whole * whole);
 }
 
 // Work of one token in the QK-norm kernel: q heads, k heads, then v heads,

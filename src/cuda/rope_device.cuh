@@ -130,6 +130,25 @@ __device__ __forceinline__ TokenPlace token_place(const RopePoolParams& p, const
   return tp;
 }
 
+// Where head `head` of slot `slot` starts in the v pool (is_v) or the k pool,
+// in elements. slot -> (page, offset) is a 32-bit division (a 64-bit one is
+// a stack-using call), as paged pools have fewer than 2^32 slots (checked);
+// callers recompute it per item rather than hold it, which would cost registers.
+__device__ __forceinline__ int64_t pool_row(const RopePoolParams& p, int64_t slot, int head, bool is_v) {
+  const int64_t page = p.page_size == 1 ? slot
+                                        : static_cast<int64_t>(static_cast<uint32_t>(slot) /
+                                                               static_cast<uint32_t>(p.page_size));
+  const int64_t offset = slot - page * p.page_size;
+  return is_v ? page * p.vp_stride_page + offset * p.vp_stride_offset + head * p.vp_stride_head
+              : page * p.kp_stride_page + offset * p.kp_stride_offset + head * p.kp_stride_head;
+}
+
+// The dequantization scale of a head's fp8 pool row.
+__device__ __forceinline__ float pool_scale(const RopePoolParams& p, const RopePoolPointers& ptr, int head,
+                                            bool is_v) {
+  return is_v ? ptr.v_scale[p.v_scale_per_head ? head : 0] : ptr.k_scale[p.k_scale_per_head ? head : 0];
+}
+
 // ---- the QK norm (docs/contract.md), shared by both kernels that do it
 
 // Where the norm weights sit in shared memory: q's at 0, k's at this offset.

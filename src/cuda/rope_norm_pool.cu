@@ -180,23 +180,15 @@ __global__ void __launch_bounds__(kThreads, Policy::norm_min_blocks_per_sm)
         if (has[j]) x[j].store(h.dst + first + j * W);
     }
     if (h.to_pool && write_pool) {
-      // slot -> (page, offset) with a 32-bit division (paged pools have
-      // fewer than 2^32 slots, checked)
-      const int64_t page = p.page_size == 1 ? slot
-                                            : static_cast<int64_t>(static_cast<uint32_t>(slot) /
-                                                                   static_cast<uint32_t>(p.page_size));
-      const int64_t offset = slot - page * p.page_size;
-      const int64_t row = h.is_v ? page * p.vp_stride_page + offset * p.vp_stride_offset + h.head * p.vp_stride_head
-                                 : page * p.kp_stride_page + offset * p.kp_stride_offset + h.head * p.kp_stride_head;
+      const int64_t row = pool_row(p, slot, h.head, h.is_v) + first;
       if constexpr (!kFp8) {
-        T* pool = static_cast<T*>(h.is_v ? ptr.v_pool : ptr.k_pool) + row + first;
+        T* pool = static_cast<T*>(h.is_v ? ptr.v_pool : ptr.k_pool) + row;
 #pragma unroll
         for (int j = 0; j < kGroups; ++j)
           if (has[j]) x[j].store(pool + j * W);
       } else {
-        unsigned char* pool = static_cast<unsigned char*>(h.is_v ? ptr.v_pool : ptr.k_pool) + row + first;
-        const float scale = h.is_v ? ptr.v_scale[p.v_scale_per_head ? h.head : 0]
-                                   : ptr.k_scale[p.k_scale_per_head ? h.head : 0];
+        unsigned char* pool = static_cast<unsigned char*>(h.is_v ? ptr.v_pool : ptr.k_pool) + row;
+        const float scale = pool_scale(p, ptr, h.head, h.is_v);
 #pragma unroll
         for (int j = 0; j < kGroups; ++j)
           if (has[j]) store_fp8(x[j], pool + j * W, scale, p.pool_fp8);

@@ -144,23 +144,14 @@ struct Item {
       if (two) hi.store(dst + hi_off);
     }
     if (write_pool && !is_q) {
-      // slot -> (page, offset): a 32-bit division (a 64-bit one is a
-      // stack-using call), as paged pools have fewer than 2^32 slots (checked);
-      // recomputed per item rather than held, which would cost registers
-      const int64_t page = p.page_size == 1 ? slot
-                                            : static_cast<int64_t>(static_cast<uint32_t>(slot) /
-                                                                   static_cast<uint32_t>(p.page_size));
-      const int64_t offset = slot - page * p.page_size;
-      const int64_t row = is_v ? page * p.vp_stride_page + offset * p.vp_stride_offset + head * p.vp_stride_head
-                               : page * p.kp_stride_page + offset * p.kp_stride_offset + head * p.kp_stride_head;
+      const int64_t row = pool_row(p, slot, head, is_v);
       if constexpr (!kFp8) {
         T* pool = static_cast<T*>(is_v ? ptr.v_pool : ptr.k_pool) + row;
         lo.store(pool + lo_off);
         if (two) hi.store(pool + hi_off);
       } else {
         unsigned char* pool = static_cast<unsigned char*>(is_v ? ptr.v_pool : ptr.k_pool) + row;
-        const float scale = is_v ? ptr.v_scale[p.v_scale_per_head ? head : 0]
-                                 : ptr.k_scale[p.k_scale_per_head ? head : 0];
+        const float scale = pool_scale(p, ptr, head, is_v);
         store_fp8(lo, pool + lo_off, scale, p.pool_fp8);
         if (two) store_fp8(hi, pool + hi_off, scale, p.pool_fp8);
       }
