@@ -146,15 +146,28 @@ def overlap_rows(world, device, dtype, rows, heads, dim, causal, iters):
 
 
 def fp8_rows(world, device, dtype, rows, heads, dim, iters):
-    """(in bf16, in fp8, out bf16, out fp8) ms."""
+    """(in bf16, in fp8, out bf16, out fp8, a2a of the bf16 bytes, a2a of the fp8 bytes, copy) ms.
+
+    The last three give the floor of the fp8 speed-up: bf16 pays one copy
+    (pack or merge) and the bf16 all_to_all; fp8 at best pays a quantizing
+    pass and a dequantizing one (each reads 2 bytes and writes 1 per value:
+    3/4 of a copy's traffic) and the fp8 all_to_all."""
     g = torch.Generator(device=device).manual_seed(2)
     q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype, generator=g) for _ in range(3))
     o = torch.randn(world * rows, heads // world, dim, device=device, dtype=dtype, generator=g)
     f8 = torch.float8_e4m3fn
+    send16 = torch.empty(world, rows * 3 * heads * dim // world, device=device, dtype=dtype)
+    recv16 = torch.empty_like(send16)
+    n8 = rows * 3 * heads // world * (dim + 4)  # fp8 values and one float32 scale per head block
+    send8 = torch.empty(world, n8, device=device, dtype=torch.uint8)
+    recv8 = torch.empty_like(send8)
     return (timed(lambda: ulysses.scatter_heads(q, k, v, validate=False), device, iters),
             timed(lambda: ulysses.scatter_heads(q, k, v, validate=False, wire_dtype=f8), device, iters),
             timed(lambda: ulysses.gather_heads(o), device, iters),
-            timed(lambda: ulysses.gather_heads(o, wire_dtype=f8), device, iters))
+            timed(lambda: ulysses.gather_heads(o, wire_dtype=f8), device, iters),
+            timed(lambda: dist.all_to_all_single(recv16, send16), device, iters),
+            timed(lambda: dist.all_to_all_single(recv8, send8), device, iters),
+            timed(lambda: recv16.copy_(send16), device, iters))
 
 
 def extra_tables(rank, world, device, dtype, a):
@@ -182,11 +195,13 @@ def extra_tables(rank, world, device, dtype, a):
                            f"{(t_1 - t_attn) / t_x:.2f} | {t_c:.2f} ({c}) | {(t_c - t_attn) / t_x:.2f} |")
     if "fp8" in a.parts:
         out += ["\n| (rows per rank, heads, head_dim) | in: bf16 ms | in: fp8 wire ms | in speed-up | out: bf16 ms | "
-                "out: fp8 wire ms | out speed-up |", "|---|---|---|---|---|---|---|"]
+                "out: fp8 wire ms | out speed-up | a2a alone, bf16 / fp8 bytes ms | copy ms | floor speed-up |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
         for rows, heads, dim in shapes:
-            i16, i8, o16, o8 = fp8_rows(world, device, dtype, rows, heads, dim, iters)
+            i16, i8, o16, o8, a16, a8, cp = fp8_rows(world, device, dtype, rows, heads, dim, iters)
+            floor = (cp + a16) / (1.5 * cp + a8)
             out.append(f"| ({rows}, {heads}, {dim}) | {i16:.3f} | {i8:.3f} | {i16 / i8:.2f}x | {o16:.3f} | "
-                       f"{o8:.3f} | {o16 / o8:.2f}x |")
+                       f"{o8:.3f} | {o16 / o8:.2f}x | {a16:.3f} / {a8:.3f} | {cp:.3f} | {floor:.2f}x |")
     if rank == 0 and out:
         print("\n".join(out))
 
