@@ -24,7 +24,9 @@
    all_to_alls; the projection GEMM alone for scale.
 4. Overlap (``--parts overlap``): exposed communication = (layer time -
    attention alone on the same heads and sequence) / (exchange alone, both
-   ways), unchunked and chunked, causal and not, at the same shapes.
+   ways), with 1, 2 and 4 chunks (and 4 over a process group whose NCCL
+   streams have high priority), causal and not, at the same shapes; the
+   attention and the layers are timed in turn within each iteration.
 5. fp8 on the wire (``--parts fp8``): each direction's exchange (pack or
    copy, quantize, all_to_all_single, dequantize, unpack or merge) with
    wire_dtype=float8_e4m3fn against bf16.
@@ -129,20 +131,40 @@ def input_side_rows(world, device, dtype, rows, heads, dim, iters):
     return t_free, t_pack, t_three, t_gemm
 
 
-def overlap_rows(world, device, dtype, rows, heads, dim, causal, iters):
-    """(attention alone, exchange alone, layer unchunked, layer chunked, chunks) ms."""
+def timed_together(fns, device, iters):
+    """Median ms of each of fns, run in turn within every iteration (the order
+    rotating), so that clock and temperature drift over a long run fall on
+    all of them alike instead of on whichever ran last."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for i in range(iters):
+        for j in range(len(fns)):
+            at = (i + j) % len(fns)
+            dist.barrier()
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            t0 = time.perf_counter()
+            fns[at]()
+            torch.cuda.synchronize() if device.type == "cuda" else None
+            times[at].append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(t) for t in times]
+
+
+def overlap_rows(world, device, dtype, rows, heads, dim, causal, iters, priority_group):
+    """ms of: attention alone, the exchange alone (both ways), the layer with
+    1, 2 and 4 chunks, and with 4 chunks over a group whose NCCL streams have
+    high priority."""
     g = torch.Generator(device=device).manual_seed(1)
     q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype, generator=g) for _ in range(3))
     ql, kl, vl = ulysses.scatter_heads(q, k, v, validate=False)
     attn = ulysses.sdpa(causal)
-    attn(ql, kl, vl)  # warm-up
-    t_attn = timed(lambda: attn(ql, kl, vl), device, iters)
     t_x = timed(lambda: ulysses.gather_heads(ulysses.scatter_heads(q, k, v, validate=False)[0]), device, iters)
-    t_1 = timed(lambda: ulysses.ulysses_attention(q, k, v, causal=causal, validate=False), device, iters)
-    chunks = ulysses._local_chunks(heads, heads, world, "auto")
-    t_c = timed(lambda: ulysses.ulysses_attention(q, k, v, causal=causal, validate=False, chunks="auto"), device,
-                iters)
-    return t_attn, t_x, t_1, t_c, chunks
+
+    def layer(chunks, group=None):
+        return lambda: ulysses.ulysses_attention(q, k, v, group, causal=causal, validate=False, chunks=chunks)
+
+    fns = [lambda: attn(ql, kl, vl), layer(1), layer(2), layer(4), layer(4, priority_group)]
+    return [t_x] + timed_together(fns, device, iters)
 
 
 def fp8_rows(world, device, dtype, rows, heads, dim, iters):
@@ -172,7 +194,7 @@ def fp8_rows(world, device, dtype, rows, heads, dim, iters):
 
 def extra_tables(rank, world, device, dtype, a):
     """Tables 3-5 (module docstring), printed by rank 0."""
-    shapes = [(32, 2 * world, 16)] if a.smoke else RANK_SHAPES
+    shapes = [(32, 4 * world, 16)] if a.smoke else RANK_SHAPES
     iters = 3 if a.smoke else 10
     out = []
     if "input" in a.parts:
@@ -185,14 +207,21 @@ def extra_tables(rank, world, device, dtype, a):
                        f"{t_pack / t_free:.2f}x | {t_three / t_free:.2f}x | {t_gemm:.3f} |")
     if "overlap" in a.parts:
         out += ["\n| (rows per rank, heads, head_dim) | causal | attention alone ms | exchange alone (in + out) ms | "
-                "layer, 1 chunk ms | exposed, 1 chunk | layer, chunks ms (chunks) | exposed, chunked |",
+                "exposed: 1 chunk | 2 chunks | 4 chunks | 4 chunks, high-priority NCCL streams |",
                 "|---|---|---|---|---|---|---|---|"]
+        priority = None
+        if a.backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options.is_high_priority_stream = True
+            priority = dist.new_group(backend="nccl", pg_options=options)
         for rows, heads, dim in shapes:
+            if heads // world % 4:
+                continue
             for causal in (False, True):
-                t_attn, t_x, t_1, t_c, c = overlap_rows(world, device, dtype, rows, heads, dim, causal,
-                                                        2 if a.smoke else 5)
-                out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {t_1:.2f} | "
-                           f"{(t_1 - t_attn) / t_x:.2f} | {t_c:.2f} ({c}) | {(t_c - t_attn) / t_x:.2f} |")
+                t_x, t_attn, *layers = overlap_rows(world, device, dtype, rows, heads, dim, causal,
+                                                    2 if a.smoke else 7, priority)
+                exposed = " | ".join(f"{(t - t_attn) / t_x:.2f} ({t:.2f} ms)" for t in layers)
+                out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {exposed} |")
     if "fp8" in a.parts:
         out += ["\n| (rows per rank, heads, head_dim) | in: bf16 ms | in: fp8 wire ms | in speed-up | out: bf16 ms | "
                 "out: fp8 wire ms | out speed-up | a2a alone, bf16 / fp8 bytes ms | copy ms | floor speed-up |",

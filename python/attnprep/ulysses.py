@@ -218,40 +218,73 @@ class _Pending:
 
 
 def _to_wire(x: Tensor, wire_dtype) -> Tensor:
-    """``x [W, rows, ...]`` (head_dim last) -> bytes ``[W, rows, n * D + 4 n]``:
-    each of a row's n blocks of head_dim values as fp8 of ``x / scale``, then
-    the n float32 scales (the block's largest magnitude over the format's)."""
-    world, rows, dim = x.shape[0], x.shape[1], x.shape[-1]
-    blocks = x.reshape(world, rows, -1, dim).float()
+    """``x [W, rows, n, D]`` -> the fp8 wire bytes ``[W, rows, row_bytes]``
+    (docs/contract.md) in plain torch: the reference of the CUDA wire kernels,
+    and the path for CPU tensors and for shapes the kernels do not take."""
+    world, rows, n, dim = x.shape
+    blocks = x.float()
     fmax = torch.finfo(wire_dtype).max
     scale = blocks.abs().amax(-1) / fmax
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     values = (blocks / scale[..., None]).clamp(-fmax, fmax).to(wire_dtype)
-    return torch.cat([values.view(torch.uint8).reshape(world, rows, -1),
-                      scale.contiguous().view(torch.uint8).reshape(world, rows, -1)], dim=-1)
+    wire = torch.zeros(world, rows, _C._wire_row_bytes(n, dim), dtype=torch.uint8, device=x.device)
+    wire[..., : n * dim] = values.view(torch.uint8).reshape(world, rows, n * dim)
+    wire[..., n * dim: n * dim + 4 * n] = scale.contiguous().view(torch.uint8).reshape(world, rows, 4 * n)
+    return wire
 
 
-def _from_wire(buf: Tensor, shape, wire_dtype, dtype) -> Tensor:
-    """The inverse of _to_wire: ``x`` of ``shape`` and ``dtype`` again (up to the fp8 rounding)."""
-    world, rows, dim = shape[0], shape[1], shape[-1]
-    n = buf.shape[-1] // (dim + 4)
-    values = buf[..., : n * dim].contiguous().view(wire_dtype).reshape(world, rows, n, dim)
-    scale = buf[..., n * dim:].contiguous().view(torch.float32).reshape(world, rows, n, 1)
-    return (values.float() * scale).to(dtype).reshape(shape)
+def _from_wire(wire: Tensor, n: int, dim: int, wire_dtype, dtype) -> Tensor:
+    """The inverse of _to_wire: ``[W, rows, n, D]`` of ``dtype`` (up to the fp8 rounding)."""
+    world, rows = wire.shape[:2]
+    values = wire[..., : n * dim].contiguous().view(wire_dtype).reshape(world, rows, n, dim)
+    scale = wire[..., n * dim: n * dim + 4 * n].contiguous().view(torch.float32).reshape(world, rows, n, 1)
+    return (values.float() * scale).to(dtype)
 
 
-def _exchange(send: Tensor, group, world: int, async_op: bool, wire_dtype):
-    """One all_to_all_single of ``send`` (as fp8 bytes when wire_dtype):
-    returns (work or None, a function giving the received tensor)."""
-    payload = send if wire_dtype is None else _to_wire(send, wire_dtype)
+def _quantize(x: Tensor, wire_dtype) -> Tensor:
+    """``x [W, rows, n, D]`` (any strides) -> wire bytes, with the CUDA kernel where it applies."""
+    world, rows, n, dim = x.shape
+    if x.is_cuda:
+        wire = torch.empty(world, rows, _C._wire_row_bytes(n, dim), dtype=torch.uint8, device=x.device)
+        if _C._wire_quantize(x, _WIRE[wire_dtype], wire):
+            return wire
+    return _to_wire(x, wire_dtype)
+
+
+def _dequantize_into(wire: Tensor, x: Tensor, wire_dtype) -> Tensor:
+    """Wire bytes -> ``x [W, rows, n, D]`` (written in place, any strides); returns x."""
+    if not (x.is_cuda and _C._wire_dequantize(wire, _WIRE[wire_dtype], x)):
+        x.copy_(_from_wire(wire, x.shape[2], x.shape[3], wire_dtype, x.dtype))
+    return x
+
+
+def _send_layout(q: Tensor, k: Tensor, world: int):
+    """The plain send buffer's shape (what _pack returns on q's device) and its head blocks per row."""
+    rows, heads, dim = q.shape
+    if q.is_cuda and k.shape[1] == heads:
+        return (world, rows, heads // world, 3 * dim), 3 * heads // world
+    kv = k.shape[1]
+    n = heads // world + 2 * (kv // world if kv >= world else 1)
+    return (world, rows, n * dim), n
+
+
+def _pack_wire(q: Tensor, k: Tensor, v: Tensor, world: int, wire_dtype) -> Tensor:
+    """q, k, v -> the fp8 wire send buffer: one fused pack + quantize kernel where it applies."""
+    shape, n = _send_layout(q, k, world)
+    dim = q.shape[2]
+    if q.is_cuda:
+        wire = torch.empty(world, q.shape[0], _C._wire_row_bytes(n, dim), dtype=torch.uint8, device=q.device)
+        if _C._wire_pack_qkv(q, k, v, world, _WIRE[wire_dtype], wire):
+            return wire
+    return _to_wire(_pack(q, k, v, world).view(world, q.shape[0], n, dim), wire_dtype)
+
+
+def _exchange(send: Tensor, group, world: int, async_op: bool):
+    """One all_to_all_single of ``send``: (work or None, the receive buffer)."""
     if world == 1:
-        recv, work = payload, None
-    else:
-        recv = torch.empty_like(payload)
-        work = dist.all_to_all_single(recv, payload, group=group, async_op=async_op)
-    if wire_dtype is None:
-        return work, lambda: recv
-    return work, lambda: _from_wire(recv, send.shape, wire_dtype, send.dtype)
+        return None, send
+    recv = torch.empty_like(send)
+    return dist.all_to_all_single(recv, send, group=group, async_op=async_op), recv
 
 
 def scatter_heads(q: Tensor, k: Tensor, v: Tensor, group=None, async_op: bool = False, validate: bool = True,
@@ -269,8 +302,18 @@ def scatter_heads(q: Tensor, k: Tensor, v: Tensor, group=None, async_op: bool = 
     else:
         _check_local(q, k, v, world)
         _wire_code(wire_dtype)
-    work, received = _exchange(_pack(q, k, v, world), group, world, async_op, wire_dtype)
-    finish = lambda: _unpack(received(), q.shape[1], k.shape[1], q.shape[2], world)  # noqa: E731
+    heads, kv, dim = q.shape[1], k.shape[1], q.shape[2]
+    if wire_dtype is None:
+        work, recv = _exchange(_pack(q, k, v, world), group, world, async_op)
+        finish = lambda: _unpack(recv, heads, kv, dim, world)  # noqa: E731
+    else:
+        work, recv = _exchange(_pack_wire(q, k, v, world, wire_dtype), group, world, async_op)
+        shape, n = _send_layout(q, k, world)
+
+        def finish():
+            plain = torch.empty(shape, dtype=q.dtype, device=q.device)
+            _dequantize_into(recv, plain.view(world, shape[1], n, dim), wire_dtype)
+            return _unpack(plain, heads, kv, dim, world)
     return _Pending(work, finish) if async_op else finish()
 
 
@@ -281,9 +324,17 @@ def gather_heads(out: Tensor, group=None, async_op: bool = False, wire_dtype=Non
     world, _ = _world(group)
     _wire_code(wire_dtype)
     total, h, dim = out.shape
-    send = out.reshape(world, total // world, h, dim).contiguous()
-    work, received = _exchange(send, group, world, async_op, wire_dtype)
-    finish = lambda: _merge(received())  # noqa: E731
+    rows = total // world
+    if wire_dtype is None:
+        work, recv = _exchange(out.reshape(world, rows, h, dim).contiguous(), group, world, async_op)
+        finish = lambda: _merge(recv)  # noqa: E731
+    else:  # quantized as it lies, dequantized straight into the merged layout
+        work, recv = _exchange(_quantize(out.reshape(world, rows, h, dim), wire_dtype), group, world, async_op)
+
+        def finish():
+            merged = torch.empty(rows, world * h, dim, dtype=out.dtype, device=out.device)
+            _dequantize_into(recv, merged.view(rows, world, h, dim).permute(1, 0, 2, 3), wire_dtype)
+            return merged
     return _Pending(work, finish) if async_op else finish()
 
 

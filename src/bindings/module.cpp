@@ -8,6 +8,7 @@ void init_pack_qkv(nb::module_& m);
 void init_build_info(nb::module_& m);
 void init_usp_merge_heads(nb::module_& m);
 void init_rope_pool(nb::module_& m);
+void init_wire(nb::module_& m);
 }  // namespace attnprep::bindings
 
 NB_MODULE(_C, m) {
@@ -16,4 +17,5 @@ NB_MODULE(_C, m) {
   attnprep::bindings::init_pack_qkv(m);
   attnprep::bindings::init_usp_merge_heads(m);
   attnprep::bindings::init_rope_pool(m);
+  attnprep::bindings::init_wire(m);
 }

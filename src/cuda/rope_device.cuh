@@ -1,5 +1,5 @@
 // Device helpers of the fused RoPE + KV-pool kernels (cuda/rope_pool.cu and
-// cuda/rope_norm_pool.cu): element conversions, vector groups, the fp8 store,
+// cuda/rope_norm_pool.cu): vector groups, the fp8 store,
 // the rotation's arithmetic and the token's cos/sin.
 #pragma once
 
@@ -12,17 +12,13 @@
 
 #include "core/angle_sincos.h"
 #include "core/rope_pool_params.h"
+#include "cuda/elements.cuh"
 #include "cuda/rope_pool.h"
 
 namespace attnprep::cuda::rope {
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using elements::from_float;
+using elements::to_float;
 
 // N consecutive elements, moved with one 16-byte access when N elements are
 // 16 bytes (the plan guarantees alignment then), else one element at a time.

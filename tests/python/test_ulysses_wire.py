@@ -14,14 +14,97 @@ WIRES = {torch.float8_e4m3fn: 2**-4, torch.float8_e5m2: 2**-3}  # half an ulp at
 
 @pytest.mark.parametrize("wire", list(WIRES), ids=str)
 def test_wire_round_trip(wire):
-    x = torch.randn(3, 5, 4, 64, dtype=torch.bfloat16) * torch.logspace(-3, 3, 4)[None, None, :, None]
+    x = torch.randn(3, 5, 3, 64, dtype=torch.bfloat16) * torch.logspace(-3, 3, 3)[None, None, :, None]
     x[0, 0, 0] = 0  # an all-zero block
     buf = ulysses._to_wire(x, wire)
-    assert buf.dtype == torch.uint8 and buf.shape == (3, 5, 4 * 64 + 4 * 4)  # fp8 values, then float32 scales
-    y = ulysses._from_wire(buf, x.shape, wire, x.dtype)
+    # fp8 values, then float32 scales, then zeros to a multiple of 16 bytes
+    assert buf.dtype == torch.uint8 and buf.shape == (3, 5, 3 * 64 + 3 * 4 + 4)
+    assert not buf[..., -4:].any()
+    y = ulysses._from_wire(buf, 3, 64, wire, x.dtype)
     block_max = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-30)
     assert ((y.float() - x.float()).abs() / block_max).max().item() <= WIRES[wire] + 2**-8  # + bf16 output rounding
     assert torch.equal(y[0, 0, 0], x[0, 0, 0])
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+KERNEL_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _special_blocks(x: torch.Tensor) -> torch.Tensor:
+    """Poisons a few (row, head) blocks of [rows, heads, D]: zeros, a NaN, an inf, tiny and huge values."""
+    x = x.clone()
+    x[0, 0] = 0
+    if x.shape[0] > 1:
+        x[1, 0, 3] = float("nan")
+    if x.shape[0] > 2:
+        x[2, -1, 0] = float("inf")
+    x[-1, -1] *= 1e-30 if x.dtype == torch.float32 else 1e-4
+    x[-1, 0] *= 1e4 if x.dtype != torch.float16 else 10
+    return x
+
+
+@needs_cuda
+@pytest.mark.parametrize("wire", list(WIRES), ids=str)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize("world,rows,heads,kv,dim", [
+    (1, 1, 2, 2, 64), (2, 17, 8, 8, 128), (3, 5, 6, 6, 32), (2, 65, 8, 4, 128), (4, 3, 8, 2, 64),
+    (2, 9, 4, 1, 256), (2, 0, 4, 4, 128)])
+def test_fused_pack_quantize_matches_torch_byte_for_byte(wire, dtype, world, rows, heads, kv, dim):
+    """The CUDA pack + quantize kernel writes exactly the bytes of the plain
+    torch protocol (pack, then _to_wire), padding included, over a poisoned buffer."""
+    if dtype == torch.float32 and dim > 128:
+        pytest.skip("float32 blocks of 256 values are over the kernel's 512 bytes (torch path)")
+    g = torch.Generator().manual_seed(rows * 100 + heads)
+    q, k, v = (_special_blocks(torch.randn(rows, n, dim, generator=g).to(dtype)).cuda() for n in (heads, kv, kv))
+    shape, n = ulysses._send_layout(q, k, world)
+    want = ulysses._to_wire(ulysses._pack(q, k, v, world).view(world, rows, n, dim), wire)
+    got = torch.full_like(want, 0xA5)
+    assert ulysses._C._wire_pack_qkv(q, k, v, world, ulysses._WIRE[wire], got)
+    assert torch.equal(got, want)
+
+
+@needs_cuda
+@pytest.mark.parametrize("wire", list(WIRES), ids=str)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize("world,rows,heads,dim", [(1, 1, 1, 8), (2, 17, 3, 128), (3, 65, 4, 64), (2, 0, 2, 64)])
+def test_quantize_and_dequantize_strided_views_match_torch(wire, dtype, world, rows, heads, dim):
+    """The output side: an attention output laid out [h, S, D] (as SDPA
+    returns it, transposed), quantized as it lies; and the received bytes
+    dequantized straight into the merged [rows, W * h, D], every other element
+    of a poisoned output left alone."""
+    g = torch.Generator().manual_seed(rows + heads)
+    o = _special_blocks(torch.randn(heads, world * rows, dim, generator=g).to(dtype).transpose(0, 1)).cuda()
+    o = o.transpose(0, 1).contiguous().transpose(0, 1)  # [S, h, D] with the head stride outermost
+    x = o.reshape(world, rows, heads, dim)
+    assert not x.is_contiguous() or rows * heads == 0 or heads == 1
+    want = ulysses._to_wire(x.contiguous(), wire)
+    got = torch.full_like(want, 0x5A)
+    assert ulysses._C._wire_quantize(x, ulysses._WIRE[wire], got)
+    assert torch.equal(got, want)
+
+    poison = torch.full((rows, world * heads + 1, dim), 7.0, dtype=dtype, device="cuda")
+    target = poison[:, 1:].view(rows, world, heads, dim).permute(1, 0, 2, 3)
+    assert ulysses._C._wire_dequantize(want, ulysses._WIRE[wire], target)
+    ref = ulysses._from_wire(want, heads, dim, wire, dtype)
+    # equal values, NaN where the reference has NaN (its payload bits may differ)
+    assert torch.equal(target.float().nan_to_num(12345.0), ref.float().nan_to_num(12345.0))
+    assert torch.equal(target.isnan(), ref.isnan())
+    assert (poison[:, 0] == 7).all()
+
+
+@needs_cuda
+def test_where_the_kernels_do_not_apply_the_torch_path_gives_the_same_layer():
+    """head_dim 96 (192-byte blocks) and a strided head_dim: the kernels
+    decline, touching nothing, and the layer's functions fall back to torch."""
+    x = torch.randn(2, 3, 4, 96, device="cuda", dtype=torch.bfloat16)
+    buf = torch.full((2, 3, ulysses._C._wire_row_bytes(4, 96)), 0xA5, dtype=torch.uint8, device="cuda")
+    assert not ulysses._C._wire_quantize(x, 1, buf)
+    assert (buf == 0xA5).all()
+    strided = torch.randn(2, 3, 4, 128, 2, device="cuda", dtype=torch.bfloat16)[..., 0]
+    buf = torch.empty((2, 3, ulysses._C._wire_row_bytes(4, 128)), dtype=torch.uint8, device="cuda")
+    assert not ulysses._C._wire_quantize(strided, 1, buf)
+    assert torch.equal(ulysses._quantize(strided, torch.float8_e4m3fn),
+                       ulysses._to_wire(strided.contiguous(), torch.float8_e4m3fn))
 
 
 def test_wire_errors():
@@ -41,19 +124,21 @@ LAYER_BOUND = {torch.float8_e4m3fn: 0.1, torch.float8_e5m2: 0.16}
 
 def _layer(rank, world, device):
     rows, dim, worst = 6, 32, {}
+    # float64 takes the plain-torch protocol; bfloat16 on CUDA the wire kernels
+    dtypes = [torch.float64] + ([torch.bfloat16] if torch.device(device).type == "cuda" else [])
     for heads, kv in [(4 * world, 4 * world), (4 * world, world), (2 * world, 1)]:
-        for causal in (False, True):
+        for causal, dtype in ((c, d) for c in (False, True) for d in dtypes):
             g = torch.Generator().manual_seed(heads + kv)
-            q, k, v = (torch.randn(world * rows, n, dim, generator=g, dtype=torch.float64) for n in (heads, kv, kv))
+            q, k, v = (torch.randn(world * rows, n, dim, generator=g).to(dtype) for n in (heads, kv, kv))
             mine = slice(rank * rows, (rank + 1) * rows)
-            want = attention_reference(q, k, v, causal)[mine]
+            want = attention_reference(q.double(), k.double(), v.double(), causal)[mine]
             for wire, bound in LAYER_BOUND.items():
                 got = ulysses.ulysses_attention(*(t[mine].to(device) for t in (q, k, v)), causal=causal,
                                                 wire_dtype=wire).cpu()
-                err = ((got - want).abs().max() / v.abs().max()).item()
+                err = ((got.double() - want).abs().max() / v.double().abs().max()).item()
                 worst[wire] = max(worst.get(wire, 0.0), err)
                 if not err <= bound:
-                    return f"({heads}, {kv}, causal {causal}) {wire}: error {err:.3g} > {bound}"
+                    return f"({heads}, {kv}, causal {causal}, {dtype}) {wire}: error {err:.3g} > {bound}"
     # ranks that disagree on the wire dtype all raise
     q, k, v = (torch.randn(rows, n, dim, dtype=torch.float64, device=device) for n in (4 * world, world, world))
     wire = torch.float8_e4m3fn if rank == 0 else None
