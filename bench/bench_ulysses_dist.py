@@ -163,12 +163,21 @@ def overlap_rows(world, device, dtype, rows, heads, dim, causal, iters, priority
     def layer(chunks, group=None):
         return lambda: ulysses.ulysses_attention(q, k, v, group, causal=causal, validate=False, chunks=chunks)
 
-    fns = [lambda: attn(ql, kl, vl), layer(1), layer(2), layer(4), layer(4, priority_group)]
+    def attention_in_chunks(chunks):  # no exchange: what splitting the heads alone costs attention
+        step = ql.shape[1] // chunks
+        kstep = kl.shape[1] // chunks if kl.shape[1] >= chunks else 0
+        for c in range(chunks):
+            kv = slice(c * kstep, (c + 1) * kstep) if kstep else slice(None)
+            attn(ql[:, c * step:(c + 1) * step], kl[:, kv], vl[:, kv])
+
+    fns = [lambda: attn(ql, kl, vl), layer(1), layer(2), layer(4), layer(4, priority_group),
+           lambda: attention_in_chunks(4)]
     return [t_x] + timed_together(fns, device, iters)
 
 
 def fp8_rows(world, device, dtype, rows, heads, dim, iters):
-    """(in bf16, in fp8, out bf16, out fp8, a2a of the bf16 bytes, a2a of the fp8 bytes, copy) ms.
+    """(pack + quantize alone, dequantize alone, in bf16, in fp8, out bf16, out fp8, a2a of the bf16
+    bytes, a2a of the fp8 bytes, copy of the bf16 bytes) ms.
 
     The last three give the floor of the fp8 speed-up: bf16 pays one copy
     (pack or merge) and the bf16 all_to_all; fp8 at best pays a quantizing
@@ -183,7 +192,12 @@ def fp8_rows(world, device, dtype, rows, heads, dim, iters):
     n8 = rows * 3 * heads // world * (dim + 4)  # fp8 values and one float32 scale per head block
     send8 = torch.empty(world, n8, device=device, dtype=torch.uint8)
     recv8 = torch.empty_like(send8)
-    return (timed(lambda: ulysses.scatter_heads(q, k, v, validate=False), device, iters),
+    wire = ulysses._pack_wire(q, k, v, world, f8)
+    shape, n = ulysses._send_layout(q, k, world)
+    plain = torch.empty(shape, dtype=dtype, device=device).view(world, rows, n, dim)
+    return (timed(lambda: ulysses._pack_wire(q, k, v, world, f8), device, iters),
+            timed(lambda: ulysses._dequantize_into(wire, plain, f8), device, iters),
+            timed(lambda: ulysses.scatter_heads(q, k, v, validate=False), device, iters),
             timed(lambda: ulysses.scatter_heads(q, k, v, validate=False, wire_dtype=f8), device, iters),
             timed(lambda: ulysses.gather_heads(o), device, iters),
             timed(lambda: ulysses.gather_heads(o, wire_dtype=f8), device, iters),
@@ -207,8 +221,9 @@ def extra_tables(rank, world, device, dtype, a):
                        f"{t_pack / t_free:.2f}x | {t_three / t_free:.2f}x | {t_gemm:.3f} |")
     if "overlap" in a.parts:
         out += ["\n| (rows per rank, heads, head_dim) | causal | attention alone ms | exchange alone (in + out) ms | "
-                "exposed: 1 chunk | 2 chunks | 4 chunks | 4 chunks, high-priority NCCL streams |",
-                "|---|---|---|---|---|---|---|---|"]
+                "exposed: 1 chunk | 2 chunks | 4 chunks | 4 chunks, high-priority NCCL streams | "
+                "attention alone in 4 head chunks ms |",
+                "|---|---|---|---|---|---|---|---|---|"]
         priority = None
         if a.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
@@ -218,19 +233,22 @@ def extra_tables(rank, world, device, dtype, a):
             if heads // world % 4:
                 continue
             for causal in (False, True):
-                t_x, t_attn, *layers = overlap_rows(world, device, dtype, rows, heads, dim, causal,
-                                                    2 if a.smoke else 7, priority)
+                t_x, t_attn, *layers, t_split = overlap_rows(world, device, dtype, rows, heads, dim, causal,
+                                                             2 if a.smoke else 7, priority)
                 exposed = " | ".join(f"{(t - t_attn) / t_x:.2f} ({t:.2f} ms)" for t in layers)
-                out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {exposed} |")
+                out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {exposed} | "
+                           f"{t_split:.2f} |")
     if "fp8" in a.parts:
         out += ["\n| (rows per rank, heads, head_dim) | in: bf16 ms | in: fp8 wire ms | in speed-up | out: bf16 ms | "
-                "out: fp8 wire ms | out speed-up | a2a alone, bf16 / fp8 bytes ms | copy ms | floor speed-up |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
+                "out: fp8 wire ms | out speed-up | a2a alone, bf16 / fp8 bytes ms | copy ms | floor speed-up | "
+                "pack + quantize / dequantize alone ms |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
         for rows, heads, dim in shapes:
-            i16, i8, o16, o8, a16, a8, cp = fp8_rows(world, device, dtype, rows, heads, dim, iters)
+            pq, dq, i16, i8, o16, o8, a16, a8, cp = fp8_rows(world, device, dtype, rows, heads, dim, iters)
             floor = (cp + a16) / (1.5 * cp + a8)
             out.append(f"| ({rows}, {heads}, {dim}) | {i16:.3f} | {i8:.3f} | {i16 / i8:.2f}x | {o16:.3f} | "
-                       f"{o8:.3f} | {o16 / o8:.2f}x | {a16:.3f} / {a8:.3f} | {cp:.3f} | {floor:.2f}x |")
+                       f"{o8:.3f} | {o16 / o8:.2f}x | {a16:.3f} / {a8:.3f} | {cp:.3f} | {floor:.2f}x | "
+                       f"{pq:.3f} / {dq:.3f} |")
     if rank == 0 and out:
         print("\n".join(out))
 

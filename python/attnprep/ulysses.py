@@ -223,10 +223,13 @@ def _to_wire(x: Tensor, wire_dtype) -> Tensor:
     and the path for CPU tensors and for shapes the kernels do not take."""
     world, rows, n, dim = x.shape
     blocks = x.float()
-    fmax = torch.finfo(wire_dtype).max
-    scale = blocks.abs().amax(-1) / fmax
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    values = (blocks / scale[..., None]).clamp(-fmax, fmax).to(wire_dtype)
+    amax = blocks.abs().amax(-1)
+    top = torch.finfo(wire_dtype).max
+    fmax = torch.full_like(amax, top)  # a tensor, so that torch divides (by a scalar it multiplies by a reciprocal)
+    scale, inv = amax / fmax, fmax / amax
+    usable = (scale > 0) & inv.isfinite()  # else zero, NaN or tiny: scale 1
+    scale, inv = torch.where(usable, scale, 1.0), torch.where(usable, inv, 1.0)
+    values = (blocks * inv[..., None]).clamp(-top, top).to(wire_dtype)
     wire = torch.zeros(world, rows, _C._wire_row_bytes(n, dim), dtype=torch.uint8, device=x.device)
     wire[..., : n * dim] = values.view(torch.uint8).reshape(world, rows, n * dim)
     wire[..., n * dim: n * dim + 4 * n] = scale.contiguous().view(torch.uint8).reshape(world, rows, 4 * n)

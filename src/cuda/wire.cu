@@ -55,13 +55,15 @@ __device__ __forceinline__ void quantize_vector(const uint4& raw, bool has, unsi
   // every lane of the warp shuffles, with or without a vector.
   for (unsigned o = lanes / 2; o > 0; o /= 2) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   if (!has) return;
-  float scale = __fdiv_rn(amax, kFormatMax<F>);
-  if (!(scale > 0.f)) scale = 1.f;
+  // docs/contract.md: scale = amax / fmax, values x * (fmax / amax); both 1
+  // when the scale is not positive (zero or NaN) or the inverse overflows.
+  float scale = __fdiv_rn(amax, kFormatMax<F>), inv = __fdiv_rn(kFormatMax<F>, amax);
+  if (!(scale > 0.f) || !isfinite(inv)) scale = inv = 1.f;
   Fp8Pack<E> packed;
   uint16_t* pairs = reinterpret_cast<uint16_t*>(&packed);
 #pragma unroll
   for (int i = 0; i < E; i += 2)
-    pairs[i / 2] = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(f[i], scale), __fdiv_rn(f[i + 1], scale)),
+    pairs[i / 2] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[i], inv), __fmul_rn(f[i + 1], inv)),
                                             __NV_SATFINITE, kInterp<F>);
   int64_t value, scale_at, slot;
   core::wire_offsets(m, plain, value, scale_at, slot);
