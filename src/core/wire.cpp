@@ -16,7 +16,7 @@ bool wire_kernel_applies(const StridedCopyPlan& plan, DType dtype, int64_t items
                          int64_t plain_blocks) {
   if (dtype != DType::Float16 && dtype != DType::BFloat16 && dtype != DType::Float32) return false;
   const int64_t block = head_size * itemsize;
-  if (log2_exact(block) < 4 || block > 512) return false;
+  if (log2_exact(block) < 5 || block > 1024) return false;
   return plan.vec_bytes == 16 && plan.index_bits == 32 && plain_blocks < (int64_t{1} << 31);
 }
 

@@ -58,8 +58,8 @@ struct WirePlan {
 };
 
 // Whether the kernels take these tensors: head_size * itemsize a power of two
-// from 16 to 512 bytes (the lanes of one block reduce its scale with warp
-// shuffles), a float16/bfloat16/float32 plain side, a copy plan of 16-byte
+// from 32 to 1024 bytes (one to 32 lanes of 32 bytes per block, which reduce
+// its scale with warp shuffles), a float16/bfloat16/float32 plain side, a copy plan of 16-byte
 // vectors on the 32-bit index path, and fewer than 2^31 plain blocks.
 bool wire_kernel_applies(const StridedCopyPlan& plan, DType dtype, int64_t itemsize, int64_t head_size,
                          int64_t plain_blocks);
@@ -73,12 +73,15 @@ WireMap make_wire_map(const void* plain_base, void* wire, int64_t blocks, int64_
 // x -> plain when `to_plain`, else plain -> x.
 StridedCopyPlan plan_wire_view(const TensorArg& x, const void* plain_base, bool to_plain);
 
-// The CUDA kernel's tuning: blocks of 256 threads, each loading two 16-byte
-// vectors before it reduces and stores either (the block reduction is a few
-// shuffles; two vectors in flight per thread keep DRAM busy through them).
+// The CUDA kernel's tuning. A thread works on units of two adjacent 16-byte
+// vectors of one block (the index arithmetic, the block's reduction and the
+// fp8 access paid once per 32 bytes: the quantizing pass is bound by
+// instructions as much as by DRAM), two units per thread loaded before either
+// is reduced and stored, in blocks of 256 threads.
 struct WireCudaPolicy {
   static constexpr int32_t threads = 256;
-  static constexpr int32_t vectors_per_thread = 2;
+  static constexpr int32_t units_per_thread = 2;
+  static constexpr int32_t vectors_per_unit = 2;
 };
 
 }  // namespace attnprep::core

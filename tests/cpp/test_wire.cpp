@@ -83,7 +83,7 @@ TEST_CASE("pack plans: every wire byte written once (MHA, GQA split, GQA replica
   pack_covers(1, 1, 2, 2, 256);
   pack_covers(2, 9, 8, 4, 128);   // kv split across ranks
   pack_covers(4, 7, 8, 2, 64);    // kv head replicated
-  pack_covers(2, 65, 4, 1, 8);    // one block is one vector
+  pack_covers(2, 65, 4, 1, 16);   // one block is one unit
 }
 
 TEST_CASE("strided views: a transposed attention output, quantized and dequantized") {
@@ -122,9 +122,10 @@ TEST_CASE("where the kernels apply") {
   const StridedCopyPlan plan = plan_wire_view(x, base, true);
   CHECK(wire_kernel_applies(plan, DType::BFloat16, 2, 128, 24));
   CHECK(wire_kernel_applies(plan, DType::Float32, 4, 128, 24));       // 512-byte blocks
-  CHECK(!wire_kernel_applies(plan, DType::Float32, 4, 256, 24));      // 1024: more lanes than a warp
+  CHECK(wire_kernel_applies(plan, DType::Float32, 4, 256, 24));       // 1024: 32 lanes of 32 bytes
+  CHECK(!wire_kernel_applies(plan, DType::Float32, 4, 512, 24));      // 2048: more lanes than a warp
   CHECK(!wire_kernel_applies(plan, DType::BFloat16, 2, 96, 24));      // 192 bytes: not a power of two
-  CHECK(!wire_kernel_applies(plan, DType::BFloat16, 2, 4, 24));       // 8 bytes: under one vector
+  CHECK(!wire_kernel_applies(plan, DType::BFloat16, 2, 8, 24));       // 16 bytes: under one unit
   CHECK(!wire_kernel_applies(plan, DType::Float64, 8, 16, 24));
   CHECK(!wire_kernel_applies(plan, DType::BFloat16, 2, 128, int64_t{1} << 31));
   const TensorArg strided = make({2, 3, 4, 128}, DType::BFloat16, {DeviceType::CUDA, 0}, {3 * 4 * 256, 4 * 256, 256, 2});
