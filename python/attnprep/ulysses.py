@@ -91,12 +91,19 @@ _DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.fl
            torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
 
 
+# chunks="auto": on two H200s (bench/README.md) splitting the heads made the
+# layer slower at every measured shape, causal or not (attention slows down
+# while NCCL's kernels share the GPU with it, by more than the exchange the
+# split hides), so "auto" does not split. Explicit counts still do.
+AUTO_CHUNKS = 1
+
+
 def _local_chunks(heads: int, kv: int, world: int, chunks) -> int:
     """The chunk count (an int, or "auto") checked against this rank's heads."""
     local_q, split = heads // world, kv >= world
     local_kv = kv // world if split else 1
     if chunks == "auto":
-        chunks = max(c for c in (1, 2, 4) if local_q % c == 0 and (not split or local_kv % c == 0))
+        chunks = AUTO_CHUNKS
     if isinstance(chunks, bool) or not isinstance(chunks, int):
         raise TypeError(f"ulysses: chunks must be an int or \"auto\", got {type(chunks).__name__}")
     _C._check_ulysses_chunks(local_q, local_kv, split, chunks)
@@ -452,10 +459,12 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, attn_fn: Opti
     ``q`` ``[rows, H, D]``, ``k``/``v`` ``[rows, H_kv, D]`` (the local rows of
     the sequence, in rank order). ``attn_fn(q, k, v)`` takes and returns
     ``[S, h, D]`` (default: scaled_dot_product_attention, ``causal`` as
-    given). ``chunks`` > 1 (or ``"auto"``) splits each rank's heads into that
-    many groups and overlaps the exchange of one group with attention on the
-    previous one, both ways. ``wire_dtype`` (fp8) halves the bytes of both
+    given). ``chunks`` > 1 splits each rank's heads into that many groups
+    and overlaps the exchange of one group with attention on the previous
+    one, both ways (``"auto"``: AUTO_CHUNKS, no split; see its comment). ``wire_dtype`` (fp8) halves the bytes of both
     exchanges (docs/contract.md). Returns ``[rows, H, D]``."""
+    if isinstance(chunks, str) and chunks == "auto":
+        chunks = AUTO_CHUNKS
     if chunks == 1:
         ql, kl, vl = scatter_heads(q, k, v, group, validate=validate, wire_dtype=wire_dtype)
         out = (attn_fn or sdpa(causal))(ql, kl, vl)
