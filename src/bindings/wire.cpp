@@ -1,10 +1,9 @@
 // Internal bindings of the Ulysses layer's fp8 wire kernels (docs/contract.md,
 // core/wire.h). Each returns False, touching nothing, when the kernels do not
 // take its tensors; the layer then produces the same bytes with torch ops.
-#include <stdexcept>
-
 #include "bindings/cuda_launch.h"
 #include "bindings/tensor_import.h"
+#include "core/errors.h"
 #include "core/pack_qkv.h"
 #include "core/wire.h"
 
@@ -18,15 +17,15 @@ namespace {
 constexpr const char* kOp = "ulysses wire";
 
 core::WireFormat wire_format(int64_t code) {
-  if (code != 1 && code != 2) throw std::invalid_argument("ulysses wire: unknown wire code");
+  core::require(code == 1 || code == 2, "ulysses wire: unknown wire code");
   return static_cast<core::WireFormat>(code);
 }
 
 // The wire buffer: a contiguous uint8 tensor of `rows` rows on x's device.
 void check_wire(const core::TensorArg& wire, const core::TensorArg& x, int64_t rows, int64_t blocks) {
-  if (wire.dtype != core::DType::UInt8 || !wire.is_contiguous() || wire.device != x.device ||
-      wire.numel() != rows * core::wire_row_bytes(blocks, x.size(-1)))
-    throw std::invalid_argument("ulysses wire: the wire buffer does not match the tensors");
+  core::require(wire.dtype == core::DType::UInt8 && wire.is_contiguous() && wire.device == x.device &&
+                    wire.numel() == rows * core::wire_row_bytes(blocks, x.size(-1)),
+                "ulysses wire: the wire buffer does not match the tensors");
 }
 
 // Runs the plan when the kernels take it; false otherwise.
@@ -74,7 +73,7 @@ bool wire_pack_qkv(nb::handle q, nb::handle k, nb::handle v, int64_t world_size,
 bool wire_view(nb::handle x, int64_t code, nb::handle wire, bool quantize) {
   const ImportedTensor tx = import_tensor(x, "x"), tw = import_tensor(wire, "wire");
   const core::TensorArg& a = tx.arg;
-  if (a.ndim != 4) throw std::invalid_argument("ulysses wire: x must be [A, B, n, D]");
+  core::require(a.ndim == 4, "ulysses wire: x must be [A, B, n, D]");
   check_wire(tw.arg, a, a.size(0) * a.size(1), a.size(2));
   if (a.numel() == 0) return true;
   if (a.stride(3) != 1) return false;
