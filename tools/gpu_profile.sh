@@ -4,7 +4,7 @@
 # device notes). Clocks are left alone (--clock-control none). Writes
 # $OUT/ncu_<name>.ncu-rep, a details page and the per-instruction (SASS)
 # source page with stall samples, and prints the headline metrics.
-#   tools/gpu_profile.sh rope:8 rope:8192 pack:32768,24,128,8
+#   tools/gpu_profile.sh rope:8 rope:8192 norm:8192 pack:32768,24,128,8
 # TAG=name prefixes the output files (one set per build variant).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +18,9 @@ for spec in "$@"; do
   arg=${spec#*:}
   name="${TAG:+${TAG}_}${op}_$(echo "$arg" | tr ',' '_')"
   case $op in
-    rope)
+    rope | norm)  # norm: with the QK norm (q and k weights)
       kernel=rope_pool_kernel
+      norm_kw=$([ "$op" = norm ] && echo ", q_norm_weight=wq, k_norm_weight=wk")
       code="
 import torch, attnprep
 T = $arg
@@ -30,8 +31,10 @@ pos = torch.randint(0, 131072, (T,), device='cuda')
 slots = torch.randperm(1_000_000, device='cuda')[:T]
 kp = torch.zeros(1_000_000, 8, 128, device='cuda', dtype=torch.bfloat16)
 vp = torch.zeros_like(kp)
+wq, wk = (torch.rand(128, device='cuda', dtype=torch.bfloat16) + 0.5 for _ in range(2))
 for _ in range(3):
-    attnprep.rope_pool_fused(q, k, v, pos, slots, kp, vp, head_dim=128, num_qo_heads=32, num_kv_heads=8, rope_base=1e4)
+    attnprep.rope_pool_fused(q, k, v, pos, slots, kp, vp, head_dim=128, num_qo_heads=32, num_kv_heads=8,
+                             rope_base=1e4$norm_kw)
 torch.cuda.synchronize()" ;;
     pack)
       kernel=strided_copy_kernel

@@ -36,6 +36,15 @@ struct FastDivmod {
 #endif
     return (hi + n) >> shift;
   }
+  // The same for any n < 2^32 (the sum above needs 33 bits there).
+  ATTNPREP_HD uint32_t div_wide(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(n, multiplier);
+#else
+    const uint32_t hi = static_cast<uint32_t>((uint64_t{n} * multiplier) >> 32);
+#endif
+    return static_cast<uint32_t>((uint64_t{hi} + n) >> shift);
+  }
 };
 
 }  // namespace attnprep::core

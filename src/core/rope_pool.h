@@ -112,8 +112,12 @@ struct RopeCudaPolicy {
   // ... and at most this many elements (head_dim 512 over 32 lanes).
   static constexpr int norm_max_per_lane = 16;
   // The rotation kernel with the QK norm: the norm's registers (two partial
-  // sums, the factor) fit under 64 registers, no spills.
-  static constexpr int32_t norm_min_blocks_per_sm = 8;
+  // sums, the factor, the weights) fit in 56 per thread without spills, so 9
+  // blocks of 128 threads share a multiprocessor's registers.
+  static constexpr int32_t norm_min_blocks_per_sm = 9;
+  // The general QK-norm kernel (a lane holds up to 16 elements) needs up to
+  // 64 registers: 8 blocks (at 9 it spilled 12-44 bytes).
+  static constexpr int32_t general_norm_min_blocks_per_sm = 8;
 };
 
 // The QK-norm kernel's split of one head: `lanes` lanes (a power of two, at
@@ -155,6 +159,26 @@ ATTNPREP_HD int rope_items_per_block(int n_all, int splits, int lanes) {
                          static_cast<uint32_t>(splits);
   const uint32_t whole = static_cast<uint32_t>(lanes);
   return static_cast<int>((share + whole - 1u) / whole * whole);
+}
+
+// The CUDA kernels' divisors, planned on the host for one launch: the
+// kernels divide per work item (item -> head and part, slot -> page and
+// offset) and a hardware division by a run-time value is about twenty
+// instructions; with the QK norm the rotation kernel is bound by instruction
+// issue. `items_per_block`: rope_items_per_block for the launch's splits.
+struct RopeCudaIndex {
+  FastDivmod qk_items;  // by qk_items_per_head (items < 2^30)
+  FastDivmod v_items;   // by v_items_per_head
+  FastDivmod page;      // by page_size; slots < 2^32, so div_wide
+  int32_t items_per_block;
+};
+inline RopeCudaIndex plan_rope_cuda_index(const RopePoolParams& p, int64_t splits, int lanes) {
+  RopeCudaIndex ix;
+  ix.qk_items = FastDivmod(static_cast<uint32_t>(p.qk_items_per_head));
+  ix.v_items = FastDivmod(static_cast<uint32_t>(p.v_items_per_head));
+  ix.page = FastDivmod(static_cast<uint32_t>(p.page_size));
+  ix.items_per_block = rope_items_per_block(static_cast<int>(rope_items_per_token(p)), static_cast<int>(splits), lanes);
+  return ix;
 }
 
 // Work of one token in the QK-norm kernel: q heads, k heads, then v heads,

@@ -11,6 +11,9 @@
 #include <type_traits>
 
 #include "core/angle_sincos.h"
+#include "core/fast_divmod.h"
+#include "core/fp8_quotient.h"
+#include "core/rope_pool.h"
 #include "core/rope_pool_params.h"
 #include "cuda/elements.cuh"
 #include "cuda/rope_pool.h"
@@ -18,7 +21,9 @@
 namespace attnprep::cuda::rope {
 
 using elements::from_float;
+using elements::from_float2;
 using elements::to_float;
+using elements::to_float2;
 
 // N consecutive elements, moved with one 16-byte access when N elements are
 // 16 bytes (the plan guarantees alignment then), else one element at a time.
@@ -42,20 +47,34 @@ struct Group {
       for (int i = 0; i < N; ++i) p[i] = e[i];
     }
   }
+  // elements 2j and 2j + 1 as float32, and set from float32 (N even)
+  __device__ __forceinline__ float2 get2(int j) const { return to_float2(e + 2 * j); }
+  __device__ __forceinline__ void set2(int j, float a, float b) { from_float2(e + 2 * j, a, b); }
 };
 
-// N elements of a group, each x / scale rounded to nearest even and saturated
-// to the format's finite range, stored as N bytes (one access when N > 1:
-// the plan aligns fp8 pool rows to the group size).
+// N elements of a group, each x / scale (core::Fp8Quotient: the IEEE
+// quotient) rounded to nearest even and saturated to the format's finite
+// range, stored as N bytes (one access when N > 1: the plan aligns fp8 pool
+// rows to the group size). Pairs convert in one instruction.
 template <typename T, int N>
-__device__ __forceinline__ void store_fp8(const Group<T, N>& g, unsigned char* dst, float scale, int kind) {
+__device__ __forceinline__ void store_fp8(const Group<T, N>& g, unsigned char* dst, const core::Fp8Quotient& q,
+                                          int kind) {
   const __nv_fp8_interpretation_t fmt = kind == 1 ? __NV_E4M3 : __NV_E5M2;
   // packed in registers, four bytes to a word (a local byte array would go to the stack)
   uint32_t word[(N + 3) / 4] = {};
+  if constexpr (N % 2 == 0) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const uint32_t b = __nv_cvt_float_to_fp8(__fdiv_rn(to_float(g.e[i]), scale), __NV_SATFINITE, fmt);
-    word[i / 4] |= b << (8 * (i % 4));
+    for (int j = 0; j < N / 2; ++j) {
+      const float2 x = g.get2(j);
+      const uint32_t b2 = __nv_cvt_float2_to_fp8x2(make_float2(q(x.x), q(x.y)), __NV_SATFINITE, fmt);
+      word[j / 2] |= b2 << (16 * (j % 2));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const uint32_t b = __nv_cvt_float_to_fp8(q(to_float(g.e[i])), __NV_SATFINITE, fmt);
+      word[i / 4] |= b << (8 * (i % 4));
+    }
   }
   if constexpr (N == 8) {
     *reinterpret_cast<uint2*>(dst) = make_uint2(word[0], word[1]);
@@ -127,13 +146,14 @@ __device__ __forceinline__ TokenPlace token_place(const RopePoolParams& p, const
 }
 
 // Where head `head` of slot `slot` starts in the v pool (is_v) or the k pool,
-// in elements. slot -> (page, offset) is a 32-bit division (a 64-bit one is
-// a stack-using call), as paged pools have fewer than 2^32 slots (checked);
-// callers recompute it per item rather than hold it, which would cost registers.
-__device__ __forceinline__ int64_t pool_row(const RopePoolParams& p, int64_t slot, int head, bool is_v) {
+// in elements. slot -> (page, offset) is a 32-bit multiply-shift division by
+// page_size (`page`, core::RopeCudaIndex), as paged pools have fewer than
+// 2^32 slots (checked); callers recompute it per item rather than hold it,
+// which would cost registers.
+__device__ __forceinline__ int64_t pool_row(const RopePoolParams& p, const core::FastDivmod& page_div, int64_t slot,
+                                            int head, bool is_v) {
   const int64_t page = p.page_size == 1 ? slot
-                                        : static_cast<int64_t>(static_cast<uint32_t>(slot) /
-                                                               static_cast<uint32_t>(p.page_size));
+                                        : static_cast<int64_t>(page_div.div_wide(static_cast<uint32_t>(slot)));
   const int64_t offset = slot - page * p.page_size;
   return is_v ? page * p.vp_stride_page + offset * p.vp_stride_offset + head * p.vp_stride_head
               : page * p.kp_stride_page + offset * p.kp_stride_offset + head * p.kp_stride_head;
@@ -150,17 +170,29 @@ __device__ __forceinline__ float pool_scale(const RopePoolParams& p, const RopeP
 // Where the norm weights sit in shared memory: q's at 0, k's at this offset.
 constexpr int kNormWeightsK = 2 * ATTNPREP_ROPE_MAX_HALF;
 
+// How a normalized value meets its weight (docs/contract.md): Llama/Qwen3
+// (norm_weight_offset 0) round x inv to T first, then T(that * w); Gemma
+// (any other offset) T((x inv) * (offset + w)), offset + w rounded once.
+enum NormMode : int { kNoNorm = 0, kNormRoundThenWeight = 1, kNormOffsetWeight = 2 };
+
+__host__ __device__ __forceinline__ NormMode norm_mode(const RopePoolParams& p) {
+  return p.norm_offset == 0.f ? kNormRoundThenWeight : kNormOffsetWeight;
+}
+
 // The block's norm weights as float32 in shared memory (q's, then k's; 1
-// where a side has no norm). The caller's barrier publishes them.
+// where a side has no norm), offset + w where the offset is not 0. The
+// caller's barrier publishes them.
 template <typename T>
 __device__ __forceinline__ void stage_norm_weights(float* w, const RopePoolParams& p, const RopePoolPointers& ptr) {
   for (int i = threadIdx.x; i < p.head_dim; i += blockDim.x) {
-    w[i] = !p.norm_q ? 1.f
-           : p.q_norm_f32 ? __ldg(static_cast<const float*>(ptr.q_norm_weight) + i)
-                          : to_float(static_cast<const T*>(ptr.q_norm_weight)[i]);
-    w[kNormWeightsK + i] = !p.norm_k ? 1.f
-                           : p.k_norm_f32 ? __ldg(static_cast<const float*>(ptr.k_norm_weight) + i)
-                                          : to_float(static_cast<const T*>(ptr.k_norm_weight)[i]);
+    const float wq = !p.norm_q      ? 1.f
+                     : p.q_norm_f32 ? __ldg(static_cast<const float*>(ptr.q_norm_weight) + i)
+                                    : to_float(static_cast<const T*>(ptr.q_norm_weight)[i]);
+    const float wk = !p.norm_k      ? 1.f
+                     : p.k_norm_f32 ? __ldg(static_cast<const float*>(ptr.k_norm_weight) + i)
+                                    : to_float(static_cast<const T*>(ptr.k_norm_weight)[i]);
+    w[i] = !p.norm_q || p.norm_offset == 0.f ? wq : __fadd_rn(p.norm_offset, wq);
+    w[kNormWeightsK + i] = !p.norm_k || p.norm_offset == 0.f ? wk : __fadd_rn(p.norm_offset, wk);
   }
 }
 
@@ -169,10 +201,19 @@ __device__ __forceinline__ void stage_norm_weights(float* w, const RopePoolParam
 template <typename T, int N>
 __device__ __forceinline__ float group_squares(const Group<T, N>& g) {
   float s[N];
+  if constexpr (N % 2 == 0) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const float f = to_float(g.e[i]);
-    s[i] = __fmul_rn(f, f);
+    for (int j = 0; j < N / 2; ++j) {
+      const float2 f = g.get2(j);
+      s[2 * j] = __fmul_rn(f.x, f.x);
+      s[2 * j + 1] = __fmul_rn(f.y, f.y);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float f = to_float(g.e[i]);
+      s[i] = __fmul_rn(f, f);
+    }
   }
 #pragma unroll
   for (int step = 1; step < N; step *= 2)
@@ -185,13 +226,28 @@ __device__ __forceinline__ float group_squares(const Group<T, N>& g) {
 __device__ __forceinline__ float norm_factor(float ss, const RopePoolParams& p) {
   return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(p.head_dim)), p.norm_eps)));
 }
+// The same where head_dim is a power of two: ss / head_dim is then exactly
+// ss * inv_head_dim (both are ss 2^-k correctly rounded), a multiply instead
+// of a division per item.
+__device__ __forceinline__ float norm_factor_pow2(float ss, float inv_head_dim, const RopePoolParams& p) {
+  return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fmul_rn(ss, inv_head_dim), p.norm_eps)));
+}
 
-// A group normalized in place: w points at the weights of its elements (in
-// shared memory; 16-byte aligned when N is a multiple of 4, as a group's
-// first element is a multiple of N, so they load four at a time).
-// Llama/Qwen3 (offset 0): T(float32(T(x inv)) * w); Gemma: T((x inv) * (offset + w)).
-template <typename T, int N>
-__device__ __forceinline__ void normalize_group(Group<T, N>& g, const float* w, float inv, float offset) {
+// x inv rounded to T and back (kNormRoundThenWeight), for a pair.
+template <typename T>
+__device__ __forceinline__ float2 round_through(float a, float b) {
+  T pair[2];
+  from_float2(pair, a, b);
+  return to_float2(pair);
+}
+
+// A group normalized in place: w points at the staged weights of its
+// elements (stage_norm_weights; in shared memory, 16-byte aligned when N is a
+// multiple of 4, as a group's first element is a multiple of N, so they load
+// four at a time). kMode: how the weight applies (NormMode). The mode is a
+// template parameter: as a run-time select per element both ways were issued.
+template <int kMode, typename T, int N>
+__device__ __forceinline__ void normalize_group(Group<T, N>& g, const float* w, float inv) {
   float wv[N];
   if constexpr (N % 4 == 0) {
 #pragma unroll
@@ -200,11 +256,21 @@ __device__ __forceinline__ void normalize_group(Group<T, N>& g, const float* w, 
 #pragma unroll
     for (int i = 0; i < N; ++i) wv[i] = w[i];
   }
+  if constexpr (N % 2 == 0) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const float n = __fmul_rn(to_float(g.e[i]), inv);
-    g.e[i] = offset == 0.f ? from_float<T>(__fmul_rn(to_float(from_float<T>(n)), wv[i]))
-                           : from_float<T>(__fmul_rn(n, __fadd_rn(offset, wv[i])));
+    for (int j = 0; j < N / 2; ++j) {
+      const float2 x = g.get2(j);
+      float2 n = make_float2(__fmul_rn(x.x, inv), __fmul_rn(x.y, inv));
+      if constexpr (kMode == kNormRoundThenWeight) n = round_through<T>(n.x, n.y);
+      g.set2(j, __fmul_rn(n.x, wv[2 * j]), __fmul_rn(n.y, wv[2 * j + 1]));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float n = __fmul_rn(to_float(g.e[i]), inv);
+      if constexpr (kMode == kNormRoundThenWeight) n = to_float(from_float<T>(n));
+      g.e[i] = from_float<T>(__fmul_rn(n, wv[i]));
+    }
   }
 }
 

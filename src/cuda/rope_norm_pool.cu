@@ -65,8 +65,9 @@ struct Task {
 };
 
 template <typename T, int W, bool kFp8>
-__global__ void __launch_bounds__(kThreads, Policy::norm_min_blocks_per_sm)
-    rope_norm_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr) {
+__global__ void __launch_bounds__(kThreads, Policy::general_norm_min_blocks_per_sm)
+    rope_norm_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr,
+                          const core::RopeCudaIndex ix) {
   constexpr int kGroups = kMaxPerLane / W;  // vector groups a lane can hold
   __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];
   // each lane's normalized elements, where its head's other lanes find their partners
@@ -80,6 +81,7 @@ __global__ void __launch_bounds__(kThreads, Policy::norm_min_blocks_per_sm)
   const int begin = static_cast<int>(blockIdx.y) * per_block;
   const int end = min(n_tasks, begin + per_block);
   const int per_round = static_cast<int>(blockDim.x) / G;
+  const bool round_first = norm_mode(p) == kNormRoundThenWeight;
   // every lane walks the same rounds: the butterfly and the warp's shared
   // rows need all 32 lanes, busy or not
   const int rounds = end > begin ? (end - begin + per_round - 1) / per_round : 0;
@@ -93,9 +95,9 @@ __global__ void __launch_bounds__(kThreads, Policy::norm_min_blocks_per_sm)
   const TokenPlace place = token_place(p, ptr, t);
   const int64_t slot = place.slot;
   const bool write_pool = place.write_pool;
+  stage_norm_weights<T>(norm_w, p, ptr);  // before the table: overlaps the position's round trip
   for (int i = threadIdx.x; i < half; i += blockDim.x)
     cs[i] = token_cos_sin(p, ptr, place.pos, place.pos_ok, i, p.inv_freq[i]);
-  stage_norm_weights<T>(norm_w, p, ptr);
   __syncthreads();
 
   for (int r = 0; r < rounds; ++r) {
@@ -131,7 +133,10 @@ __global__ void __launch_bounds__(kThreads, Policy::norm_min_blocks_per_sm)
       const float* w = norm_w + (h.is_k ? kNormWeightsK : 0) + first;
 #pragma unroll
       for (int j = 0; j < kGroups; ++j)
-        if (has[j]) normalize_group(x[j], w + j * W, inv, p.norm_offset);
+        if (has[j]) {
+          if (round_first) normalize_group<kNormRoundThenWeight>(x[j], w + j * W, inv);
+          else normalize_group<kNormOffsetWeight>(x[j], w + j * W, inv);
+        }
     }
 
     // The rotation. NeoX partners come from the head's row in shared memory.
@@ -180,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, Policy::norm_min_blocks_per_sm)
         if (has[j]) x[j].store(h.dst + first + j * W);
     }
     if (h.to_pool && write_pool) {
-      const int64_t row = pool_row(p, slot, h.head, h.is_v) + first;
+      const int64_t row = pool_row(p, ix.page, slot, h.head, h.is_v) + first;
       if constexpr (!kFp8) {
         T* pool = static_cast<T*>(h.is_v ? ptr.v_pool : ptr.k_pool) + row;
 #pragma unroll
@@ -188,10 +193,10 @@ __global__ void __launch_bounds__(kThreads, Policy::norm_min_blocks_per_sm)
           if (has[j]) x[j].store(pool + j * W);
       } else {
         unsigned char* pool = static_cast<unsigned char*>(h.is_v ? ptr.v_pool : ptr.k_pool) + row;
-        const float scale = pool_scale(p, ptr, h.head, h.is_v);
+        const core::Fp8Quotient quotient(pool_scale(p, ptr, h.head, h.is_v));
 #pragma unroll
         for (int j = 0; j < kGroups; ++j)
-          if (has[j]) store_fp8(x[j], pool + j * W, scale, p.pool_fp8);
+          if (has[j]) store_fp8(x[j], pool + j * W, quotient, p.pool_fp8);
       }
     }
   }
@@ -204,8 +209,10 @@ cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaSt
   const core::RopeCudaLaunch shape = core::plan_rope_cuda_launch(core::rope_norm_lanes_per_token(p), p.num_tokens);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(shape.splits));
   const dim3 block(shape.threads);
-  if (p.width == 1) return launch_kernel(rope_norm_pool_kernel<T, 1, kFp8>, grid, block, stream, p, ptrs);
-  return launch_kernel(rope_norm_pool_kernel<T, 16 / sizeof(T), kFp8>, grid, block, stream, p, ptrs);
+  // (its own task split; the index plan serves the page division)
+  const core::RopeCudaIndex ix = core::plan_rope_cuda_index(p, shape.splits, 1);
+  if (p.width == 1) return launch_kernel(rope_norm_pool_kernel<T, 1, kFp8>, grid, block, stream, p, ptrs, ix);
+  return launch_kernel(rope_norm_pool_kernel<T, 16 / sizeof(T), kFp8>, grid, block, stream, p, ptrs, ix);
 }
 
 }  // namespace

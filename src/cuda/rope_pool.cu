@@ -36,8 +36,8 @@ struct Item {
   // Where item `item` of token t lives. Nothing here waits for the token's
   // position or slot, so the loads that follow overlap that round trip.
   // Item indices are 32-bit: the launcher refuses tokens of 2^30 items.
-  __device__ __forceinline__ void locate(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t,
-                                         int item, int n_qk) {
+  __device__ __forceinline__ void locate(const RopePoolParams& p, const RopePoolPointers& ptr,
+                                         const core::RopeCudaIndex& ix, int64_t t, int item, int n_qk) {
     constexpr int F = W == 1 ? 1 : W / 2;
     const int half = p.rotary_dim / 2;
     // A thread reuses one Item for all its items: reset what a branch below
@@ -48,7 +48,7 @@ struct Item {
     dst = nullptr;
     if (item >= n_qk) {  // v: copied into the pool only
       const int r = item - n_qk;
-      head = r / p.v_items_per_head;
+      head = static_cast<int>(ix.v_items.div(static_cast<uint32_t>(r)));
       lo_off = (r - head * p.v_items_per_head) * W;
       // Two groups half a head apart when the head's group count is even
       // (core::make_rope_pool_params).
@@ -60,7 +60,7 @@ struct Item {
       return;
     }
     const int qk = p.qk_items_per_head;
-    head = item / qk;
+    head = static_cast<int>(ix.qk_items.div(static_cast<uint32_t>(item)));
     const int sub = item - head * qk;
     is_q = head < p.num_qo_heads;
     if (is_q) {
@@ -95,6 +95,14 @@ struct Item {
     lo.load(src + lo_off);
     if (two) hi.load(src + hi_off);
   }
+  // fp8 pools: the dequantization scale of the item's pool row, read right
+  // after its loads so that the round trip overlaps theirs (read where the
+  // row is written, it would add a second round trip before every store).
+  template <bool kFp8>
+  __device__ __forceinline__ float pool_scale_of(const RopePoolParams& p, const RopePoolPointers& ptr) const {
+    if constexpr (kFp8) return is_q ? 1.f : pool_scale(p, ptr, head, is_v);
+    return 1.f;
+  }
   // Asks L2 for the item's lines now; a later load() then hits L2.
   __device__ __forceinline__ void prefetch() const {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + lo_off));
@@ -105,38 +113,55 @@ struct Item {
   // each group's squares, then a butterfly over the head's `lanes` lanes
   // (NeoX: the two halves apart, as the tree keeps them), then the root.
   // Every lane of the warp calls it; `active` false contributes nothing.
-  __device__ __forceinline__ float head_norm_factor(const RopePoolParams& p, int lanes, bool active) const {
+  // inv_head_dim: 1 / head_dim, exact (head_dim is a power of two here).
+  __device__ __forceinline__ float head_norm_factor(const RopePoolParams& p, int lanes, float inv_head_dim,
+                                                    bool active) const {
     float lo_sum = active ? group_squares(lo) : 0.f;
     float hi_sum = active && kind == kNeox ? group_squares(hi) : 0.f;
     for (int off = 1; off < lanes; off *= 2) {
       lo_sum = __fadd_rn(lo_sum, __shfl_xor_sync(0xffffffffu, lo_sum, off));
       hi_sum = __fadd_rn(hi_sum, __shfl_xor_sync(0xffffffffu, hi_sum, off));
     }
-    return norm_factor(__fadd_rn(lo_sum, hi_sum), p);
+    return norm_factor_pow2(__fadd_rn(lo_sum, hi_sum), inv_head_dim, p);
   }
 
-  // kFp8: the pools are float8 (stored x / scale); otherwise T. kNorm: q
-  // and k groups are normalized first (weights `w` in shared memory, the
-  // head's factor `inv`).
-  template <bool kFp8, bool kNorm>
-  __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr, const float2* cs,
-                                         int64_t slot, bool write_pool, const float* w, float inv) {
-    if constexpr (kNorm) {
+  // kFp8: the pools are float8 (stored x / scale, `scale` read by
+  // pool_scale_of with the item's loads); otherwise T. kNorm (a NormMode):
+  // q and k groups are normalized first (weights `w` in shared memory, the
+  // head's factor `inv`). Groups of W > 1 elements (W even) compute on pairs
+  // (Group::get2/set2).
+  template <bool kFp8, int kNorm>
+  __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr,
+                                         const core::RopeCudaIndex& ix, const float2* cs, int64_t slot,
+                                         bool write_pool, const float* w, float inv, float scale) {
+    if constexpr (kNorm != kNoNorm) {
       if (!is_v && (is_q ? p.norm_q : p.norm_k)) {
         const float* wh = w + (is_q ? 0 : kNormWeightsK);
-        normalize_group(lo, wh + lo_off, inv, p.norm_offset);
-        if (two) normalize_group(hi, wh + hi_off, inv, p.norm_offset);
+        normalize_group<kNorm>(lo, wh + lo_off, inv);
+        if (two) normalize_group<kNorm>(hi, wh + hi_off, inv);
       }
     }
     if (kind == kNeox) {
+      if constexpr (W == 1) {
+        rotate(lo.e[0], hi.e[0], cs[freq]);
+      } else {
 #pragma unroll
-      for (int j = 0; j < W; ++j) rotate(lo.e[j], hi.e[j], cs[freq + j]);
+        for (int j = 0; j < W / 2; ++j) {
+          const float2 a = lo.get2(j), b = hi.get2(j);
+          const float2 r0 = cs[freq + 2 * j], r1 = cs[freq + 2 * j + 1];
+          lo.set2(j, rotate_first(a.x, b.x, r0), rotate_first(a.y, b.y, r1));
+          hi.set2(j, rotate_second(a.x, b.x, r0), rotate_second(a.y, b.y, r1));
+        }
+      }
     } else if (kind == kGptj) {
       if constexpr (W == 1) {
         rotate(lo.e[0], hi.e[0], cs[freq]);
       } else {
 #pragma unroll
-        for (int j = 0; j < W / 2; ++j) rotate(lo.e[2 * j], lo.e[2 * j + 1], cs[freq + j]);
+        for (int j = 0; j < W / 2; ++j) {
+          const float2 x = lo.get2(j), r = cs[freq + j];
+          lo.set2(j, rotate_first(x.x, x.y, r), rotate_second(x.x, x.y, r));
+        }
       }
     }
     if (dst) {
@@ -144,16 +169,16 @@ struct Item {
       if (two) hi.store(dst + hi_off);
     }
     if (write_pool && !is_q) {
-      const int64_t row = pool_row(p, slot, head, is_v);
+      const int64_t row = pool_row(p, ix.page, slot, head, is_v);
       if constexpr (!kFp8) {
         T* pool = static_cast<T*>(is_v ? ptr.v_pool : ptr.k_pool) + row;
         lo.store(pool + lo_off);
         if (two) hi.store(pool + hi_off);
       } else {
         unsigned char* pool = static_cast<unsigned char*>(is_v ? ptr.v_pool : ptr.k_pool) + row;
-        const float scale = pool_scale(p, ptr, head, is_v);
-        store_fp8(lo, pool + lo_off, scale, p.pool_fp8);
-        if (two) store_fp8(hi, pool + hi_off, scale, p.pool_fp8);
+        const core::Fp8Quotient quotient(scale);
+        store_fp8(lo, pool + lo_off, quotient, p.pool_fp8);
+        if (two) store_fp8(hi, pool + hi_off, quotient, p.pool_fp8);
       }
     }
   }
@@ -168,11 +193,11 @@ struct Item {
 
 // Asks L2 for item `item` of token t (when the block has it).
 template <typename T, int W>
-__device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t,
-                                              int item, int end, int n_qk) {
+__device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const RopePoolPointers& ptr,
+                                              const core::RopeCudaIndex& ix, int64_t t, int item, int end, int n_qk) {
   if (item < end) {
     Item<T, W> ahead;
-    ahead.locate(p, ptr, t, item, n_qk);
+    ahead.locate(p, ptr, ix, t, item, n_qk);
     ahead.prefetch();
   }
 }
@@ -180,14 +205,17 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // Block (t, s): token t, the s-th of gridDim.y slices of its work items.
 // kAhead: while on an item, ask L2 for the one kAhead rounds later. kFp8: the
 // pools are float8 (a separate instantiation: the conversion's registers would
-// make the common case spill under the occupancy target). kNorm: the QK norm
-// too, where core::rope_norm_in_rotation_kernel allows it (slices then start
-// on head boundaries, so a head's items are lanes of one warp in one round).
-template <typename T, int W, int kAhead, bool kFp8, bool kNorm>
-__global__ void __launch_bounds__(kThreads, kNorm ? Policy::norm_min_blocks_per_sm : Policy::min_blocks_per_sm)
-    rope_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr) {
+// make the common case spill under the occupancy target). kNorm (a NormMode):
+// the QK norm too, where core::rope_norm_in_rotation_kernel allows it (slices
+// then start on head boundaries, so a head's items are lanes of one warp in
+// one round).
+template <typename T, int W, int kAhead, bool kFp8, int kNorm>
+__global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_blocks_per_sm
+                                                             : Policy::min_blocks_per_sm)
+    rope_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr,
+                     const core::RopeCudaIndex ix) {
   __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
-  __shared__ __align__(16) float norm_w[kNorm ? 2 * kNormWeightsK : 4];
+  __shared__ __align__(16) float norm_w[kNorm != kNoNorm ? 2 * kNormWeightsK : 4];
   const int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
 
@@ -199,14 +227,15 @@ __global__ void __launch_bounds__(kThreads, kNorm ? Policy::norm_min_blocks_per_
   const int n_qk = (p.num_qo_heads + p.num_kv_heads) * p.qk_items_per_head;
   const int n_all = n_qk + p.num_kv_heads * p.v_items_per_head;
   const int lanes = p.qk_items_per_head;  // kNorm: a power of two, at most 32
-  const int per_block = core::rope_items_per_block(n_all, static_cast<int>(gridDim.y), kNorm ? lanes : 1);
+  const float inv_head_dim = 1.f / static_cast<float>(p.head_dim);  // kNorm: exact, a power of two
+  const int per_block = ix.items_per_block;
   const int end = min(n_all, static_cast<int>(blockIdx.y) * per_block + per_block);
   // One item in flight per thread, its loads issued before the cos/sin table
   // so they overlap that work and the round trip for the position. (Two
   // items in flight need more registers than the occupancy target allows.)
   Item<T, W> it;
   int item = static_cast<int>(blockIdx.y) * per_block + threadIdx.x;
-  if (item < end) it.locate(p, ptr, t, item, n_qk);
+  if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
   const float first_inv_freq = !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
 
   wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
@@ -216,56 +245,68 @@ __global__ void __launch_bounds__(kThreads, kNorm ? Policy::norm_min_blocks_per_
   const TokenPlace place = token_place(p, ptr, t);
   const int64_t pos = place.pos, slot = place.slot;
   const bool pos_ok = place.pos_ok, write_pool = place.write_pool;
-  if (item < end) it.load();
+  float scale = 1.f;
+  if (item < end) {
+    it.load();
+    scale = it.template pool_scale_of<kFp8>(p, ptr);
+  }
 #pragma unroll
-  for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W>(p, ptr, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
+  for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
+  // The norm weights before the table: their reads then overlap the round
+  // trip for the position, which the table waits for.
+  if constexpr (kNorm != kNoNorm) stage_norm_weights<T>(norm_w, p, ptr);
   // One table per block, behind one barrier: a table per warp would repeat
   // the cos/sin work, which costs more than the barrier.
   for (int i = threadIdx.x; i < half; i += blockDim.x)
     cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? first_inv_freq : p.inv_freq[i]);
-  if constexpr (kNorm) stage_norm_weights<T>(norm_w, p, ptr);
   __syncthreads();
   for (;;) {
     const bool active = item < end;
     float inv = 0.f;
-    if constexpr (kNorm) {
+    if constexpr (kNorm != kNoNorm) {
       // the butterfly needs every lane of the warp: the warp stays together
       // until none of its lanes has an item
       if (!__any_sync(0xffffffffu, active)) break;
-      inv = it.head_norm_factor(p, lanes, active);
-      if (active) it.template finish<kFp8, kNorm>(p, ptr, cs, slot, write_pool, norm_w, inv);
+      inv = it.head_norm_factor(p, lanes, inv_head_dim, active);
+      if (active) it.template finish<kFp8, kNorm>(p, ptr, ix, cs, slot, write_pool, norm_w, inv, scale);
     } else {
       if (!active) break;
-      it.template finish<kFp8, kNorm>(p, ptr, cs, slot, write_pool, norm_w, inv);
+      it.template finish<kFp8, kNorm>(p, ptr, ix, cs, slot, write_pool, norm_w, inv, scale);
     }
     item += blockDim.x;
     if (item < end) {
-      it.locate(p, ptr, t, item, n_qk);
+      it.locate(p, ptr, ix, t, item, n_qk);
       it.load();
-      if constexpr (kAhead > 0) prefetch_item<T, W>(p, ptr, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
+      scale = it.template pool_scale_of<kFp8>(p, ptr);
+      if constexpr (kAhead > 0) prefetch_item<T, W>(p, ptr, ix, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
     }
   }
 }
 
 template <typename T, bool kFp8>
 cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaStream_t stream) {
-  const core::RopeCudaLaunch shape =
-      core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens);
+  const bool norm = p.norm_q || p.norm_k;
+  const core::RopeCudaLaunch shape = core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(shape.splits));
   const dim3 block(shape.threads);
   constexpr int V = 16 / sizeof(T);
   constexpr int kAhead = Policy::prefetch_rounds_ahead;
-  if (p.norm_q || p.norm_k) {  // only where core::rope_norm_in_rotation_kernel (so p.width == V)
+  const core::RopeCudaIndex ix = core::plan_rope_cuda_index(p, shape.splits, norm ? p.qk_items_per_head : 1);
+  if (norm) {  // only where core::rope_norm_in_rotation_kernel (so p.width == V)
+    constexpr int kRound = kNormRoundThenWeight, kOffset = kNormOffsetWeight;
+    const bool round_first = norm_mode(p) == kNormRoundThenWeight;
     if (shape.several_rounds)
-      return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, true>, grid, block, stream, p, ptrs);
-    return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, true>, grid, block, stream, p, ptrs);
+      return round_first ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound>, grid, block, stream, p, ptrs, ix)
+                         : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset>, grid, block, stream, p, ptrs, ix);
+    return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound>, grid, block, stream, p, ptrs, ix)
+                       : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset>, grid, block, stream, p, ptrs, ix);
   }
-  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8, false>, grid, block, stream, p, ptrs);
+  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8, kNoNorm>, grid, block, stream, p, ptrs, ix);
   // One round per block (small calls, split tokens): nothing to ask for
   // ahead, and the instantiation without the prefetch is leaner.
   if (shape.several_rounds)
-    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, false>, grid, block, stream, p, ptrs);
-  return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, false>, grid, block, stream, p, ptrs);
+    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kNoNorm>, grid, block, stream, p, ptrs, ix);
+  return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kNoNorm>, grid, block, stream, p, ptrs, ix);
 }
 
 }  // namespace

@@ -50,6 +50,22 @@ TEST_CASE("FastDivmod equals integer division below 2^31") {
   }
 }
 
+TEST_CASE("FastDivmod::div_wide equals integer division below 2^32") {
+  std::mt19937 rng(4321);
+  const uint32_t divisors[] = {1, 2, 3, 16, 48, 64, 100, 4096, 65537, (1u << 31) - 1};
+  for (uint32_t d : divisors) {
+    FastDivmod f(d);
+    for (int i = 0; i < 20000; ++i) {
+      const uint32_t n = i < 64 ? 0xffffffffu - static_cast<uint32_t>(i) : static_cast<uint32_t>(rng());
+      if (f.div_wide(n) != n / d) {
+        test::fail(__FILE__, __LINE__, "div_wide " + std::to_string(n) + " / " + std::to_string(d));
+        break;
+      }
+    }
+    CHECK_EQ(f.div_wide(0x80000000u), 0x80000000u / d);
+  }
+}
+
 namespace {
 // The finite values of an fp8 format, built from its definition alone: code
 // -> value for every positive code that is not NaN or infinite.

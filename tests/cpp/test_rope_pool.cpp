@@ -346,7 +346,16 @@ TEST_CASE("QK norm in the rotation kernel: every item served once, a head's item
             const int n_qk = static_cast<int>((heads.first + heads.second) * lanes);
             const int n_all = static_cast<int>(rope_items_per_token(p));
             const RopeCudaLaunch plan = plan_rope_cuda_launch(n_all, T);
-            const int per_block = rope_items_per_block(n_all, static_cast<int>(plan.splits), lanes);
+            const RopeCudaIndex ix = plan_rope_cuda_index(p, plan.splits, lanes);
+            const int per_block = ix.items_per_block;
+            CHECK_EQ(per_block, rope_items_per_block(n_all, static_cast<int>(plan.splits), lanes));
+            // the kernel's item -> head split, by multiply and shift
+            bool heads_ok = true;
+            for (int item = 0; item < n_all; ++item)
+              heads_ok &= item < n_qk ? ix.qk_items.div(item) == static_cast<uint32_t>(item / lanes)
+                                      : ix.v_items.div(item - n_qk) ==
+                                            static_cast<uint32_t>((item - n_qk) / p.v_items_per_head);
+            CHECK(heads_ok);
             // (block, round, warp) of every item, as the kernel walks them
             std::vector<int64_t> place(static_cast<size_t>(n_all), -1);
             bool once = true;
