@@ -107,6 +107,30 @@ def test_per_head_scales_and_saturation(pool_dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("pool_dtype", FP8, ids=str)
+def test_scales_where_the_kernel_divides_and_at_the_reciprocal_paths_edges(pool_dtype):
+    """The kernel divides by scales outside [2^-64, 2^64] (and negative ones)
+    and multiplies by a corrected reciprocal inside (core/fp8_quotient.h):
+    per-head scales on both sides of those edges, values from 2^-120 to 2^120
+    in magnitude, bit for bit against the IEEE quotient's fp8 rounding."""
+    g = torch.Generator().manual_seed(11)
+    T, hkv, dim = 33, 8, 64
+    scales = torch.tensor([2.0**-64, 2.0**64, 1e-40, 2.0**70, -2.0, 3.0, 0.1, 1.5 * 2.0**-63]).cuda()
+    magnitude = 2.0 ** torch.randint(-120, 121, (T, hkv, dim), generator=g).float()
+    v = (torch.randn(T, hkv, dim, generator=g) * magnitude).to(torch.bfloat16).cuda()
+    k = torch.randn(T, hkv, dim, generator=g).to(torch.bfloat16).cuda() * 2.0 ** 40
+    slots = torch.randperm(4 * 16, generator=g)[:T].cuda()
+    k_pool, v_pool = pools("NHD", 16, 4 * 16, hkv, dim, pool_dtype)
+    kp_before, vp_before = k_pool.clone(), v_pool.clone()
+    q = torch.randn(T, 1, dim, generator=g).to(torch.bfloat16).cuda()
+    _, k_rot, _, _ = attnprep.rope_pool_fused(
+        q, k, v, torch.arange(T, device="cuda"), slots, k_pool, v_pool, head_dim=dim, num_qo_heads=1,
+        num_kv_heads=hkv, rope_base=1e4, k_scale=scales, v_scale=scales)
+    assert same_bits(k_pool, pool_write_reference(kp_before, k_rot, slots, "NHD", scales))
+    assert same_bits(v_pool, pool_write_reference(vp_before, v, slots, "NHD", scales))
+
+
+@requires_cuda
 def test_inplace_and_gptj_with_paged_fp8():
     run("HND", 16, torch.bfloat16, torch.float8_e4m3fn, inplace=True, seed=5)
 
