@@ -21,35 +21,38 @@
 
 namespace attnprep::core {
 
+// IEEE float32 steps, each rounded to nearest even, on the device and the host alike.
+namespace fp32 {
+#if defined(__CUDA_ARCH__)
+ATTNPREP_HD float mul(float a, float b) { return __fmul_rn(a, b); }
+ATTNPREP_HD float fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+ATTNPREP_HD float div(float a, float b) { return __fdiv_rn(a, b); }
+ATTNPREP_HD float recip(float a) { return __frcp_rn(a); }
+#else
+ATTNPREP_HD float mul(float a, float b) { return a * b; }
+ATTNPREP_HD float fma(float a, float b, float c) { return std::fma(a, b, c); }
+ATTNPREP_HD float div(float a, float b) { return a / b; }
+ATTNPREP_HD float recip(float a) { return 1.f / a; }
+#endif
+}  // namespace fp32
+
 struct Fp8Quotient {
   float scale = 1.f, recip = 1.f;
   bool fast = true;  // the reciprocal path is exact enough (above)
 
   ATTNPREP_HD explicit Fp8Quotient(float s) : scale(s) {
     fast = s >= 0x1p-64f && s <= 0x1p64f;  // false for NaN too
-#if defined(__CUDA_ARCH__)
-    recip = fast ? __frcp_rn(s) : 1.f;
-#else
-    recip = fast ? 1.f / s : 1.f;
-#endif
+    recip = fast ? fp32::recip(s) : 1.f;
   }
 
   // The IEEE quotient x / scale (for fast scales: up to the underflow case
   // above). Infinities and NaN pass through the first product unchanged.
   ATTNPREP_HD float operator()(float x) const {
-#if defined(__CUDA_ARCH__)
-    if (!fast) return __fdiv_rn(x, scale);
-    const float q = __fmul_rn(x, recip);
-    const float minus_rem = __fmaf_rn(q, scale, -x);  // q scale - x, exact
-    const float corrected = __fmaf_rn(-minus_rem, recip, q);
+    if (!fast) return fp32::div(x, scale);
+    const float q = fp32::mul(x, recip);
+    const float minus_rem = fp32::fma(q, scale, -x);  // q scale - x, exact
+    const float corrected = fp32::fma(-minus_rem, recip, q);
     return fabsf(q) < INFINITY ? corrected : q;  // inf or NaN: the remainder is NaN
-#else
-    if (!fast) return x / scale;
-    const float q = x * recip;
-    const float minus_rem = std::fma(q, scale, -x);
-    const float corrected = std::fma(-minus_rem, recip, q);
-    return std::fabs(q) < INFINITY ? corrected : q;
-#endif
   }
 };
 
