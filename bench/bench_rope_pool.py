@@ -133,6 +133,7 @@ def run_norm(quick: bool = False, with_peers: bool = True):
             small = T <= 128
             graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **nkw)) \
                 if small else float("nan")
+            graph_copy = common.copy_replay_us(nbytes // 2) if small else float("nan")
             best, tc, graph_c = "-", float("nan"), float("nan")
             if with_peers:
                 for name, (fn, norm) in NORM_PEERS.items():
@@ -143,13 +144,14 @@ def run_norm(quick: bool = False, with_peers: bool = True):
                         if small else float("nan")
                     if not tn >= tc:  # the fastest formulation (tc starts as NaN)
                         best, tc, graph_c = name, tn, gn
-            rows.append([f"{hq}/{hkv}", T, t * 1e3, 100 * tcopy / t, t / t_rope, graph, best, tc * 1e3, graph_c,
+            rows.append([f"{hq}/{hkv}", T, t * 1e3, 100 * tcopy / t, t / t_rope, graph, graph_copy, best, tc * 1e3, graph_c,
                          tc / t, graph_c / graph])
             print("norm row:", rows[-1], flush=True)  # progress (the table comes at the end)
     common.print_table(
         f"rope_pool_fused with the QK norm (q_norm_weight, k_norm_weight), bf16, head_dim 128 "
         f"({common.environment()})",
-        ["heads", "T", "attnprep us", "% of copy", "time / RoPE alone", "graph replay us", "fastest compiled peer",
+        ["heads", "T", "attnprep us", "% of copy", "time / RoPE alone", "graph replay us", "copy graph replay us",
+         "fastest compiled peer",
          "torch.compile us", "compile graph us", "speed-up vs compile", "graph speed-up"], rows)
 
 
@@ -179,6 +181,7 @@ def run_formats(quick: bool = False, with_peers: bool = True):
             tcopy = common.copy_ms(nbytes // 2, iters)
             graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw)) \
                 if T <= 128 else float("nan")
+            graph_copy = common.copy_replay_us(nbytes // 2) if T <= 128 else float("nan")
             tc = graph_c = float("nan")
             if with_peers:
                 ks, vs = scales.get("k_scale"), scales.get("v_scale")
@@ -188,11 +191,12 @@ def run_formats(quick: bool = False, with_peers: bool = True):
                 if T <= 128:
                     graph_c = common.graph_replay_us(lambda: comp(*sets[0], k_pool, v_pool, freqs, layout, page, ks, vs))
             rows.append([f"{str(pool_dtype).replace('torch.', '')} {layout} page {page}", T, t * 1e3,
-                         100 * tcopy / t, graph, tc * 1e3, graph_c, tc / t])
+                         100 * tcopy / t, graph, graph_copy, tc * 1e3, graph_c, tc / t])
         del k_pool, v_pool
     common.print_table(
         f"rope_pool_fused into paged and fp8 caches, bf16 q/k/v, 32/8 heads, head_dim 128 ({common.environment()})",
-        ["pool", "T", "attnprep us", "% of copy", "graph replay us", "torch.compile us", "compile graph us",
+        ["pool", "T", "attnprep us", "% of copy", "graph replay us", "copy graph replay us", "torch.compile us",
+         "compile graph us",
          "speed-up vs compile"], rows)
 
 
@@ -229,20 +233,22 @@ def run(quick: bool = False, ts=None, with_peers: bool = True):
             te = common.median_ms([lambda s=s: torch_rope_pool(*s, k_pool, v_pool, freqs) for s in sets], iters)
             tc = common.median_ms([lambda s=s: compiled(*s, k_pool, v_pool, freqs) for s in sets], iters)
         tcopy = common.copy_ms(nbytes // 2, iters)
-        graph = graph_off = graph_c = float("nan")
+        graph = graph_off = graph_c = graph_copy = float("nan")
         if T <= 512:
             s = sets[0]
+            graph_copy = common.copy_replay_us(nbytes // 2)
             graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
             with common.pdl(False):
                 graph_off = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
             if with_peers:
                 graph_c = common.graph_replay_us(lambda: compiled(*s, k_pool, v_pool, freqs))
-        rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, graph_off, tc * 1e3,
+        rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, graph_off, graph_copy, tc * 1e3,
                      100 * tcopy / tc, graph_c, te * 1e3, tc / t])
     common.print_table(
         f"rope_pool_fused, bf16, 32/8 heads, head_dim 128 ({common.environment()}, "
         f"PDL available: {common.pdl_available()})",
-        ["T", "attnprep us", "GB/s", "% of copy", "graph replay us", "graph replay, PDL off us", "torch.compile us",
+        ["T", "attnprep us", "GB/s", "% of copy", "graph replay us", "graph replay, PDL off us", "copy graph replay us",
+         "torch.compile us",
          "compile % of copy", "compile graph us", "eager us", "speed-up vs compile"], rows)
 
 

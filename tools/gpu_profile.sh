@@ -4,7 +4,9 @@
 # device notes). Clocks are left alone (--clock-control none). Writes
 # $OUT/ncu_<name>.ncu-rep, a details page and the per-instruction (SASS)
 # source page with stall samples, and prints the headline metrics.
-#   tools/gpu_profile.sh rope:8 rope:8192 norm:8192 pack:32768,24,128,8
+#   tools/gpu_profile.sh rope:8 rope:8192 norm:8192 norm:128,64 fp8:2048 pack:32768,24,128,8
+# rope/norm/fp8 take T[,q heads] (8 kv heads, head_dim 128, bf16; fp8: a
+# float8_e4m3fn NHD pool of 16-token pages, per-tensor scales).
 # TAG=name prefixes the output files (one set per build variant).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,23 +20,27 @@ for spec in "$@"; do
   arg=${spec#*:}
   name="${TAG:+${TAG}_}${op}_$(echo "$arg" | tr ',' '_')"
   case $op in
-    rope | norm)  # norm: with the QK norm (q and k weights)
+    rope | norm | fp8)  # norm: with the QK norm (q and k weights); fp8: into fp8 pages
       kernel=rope_pool_kernel
-      norm_kw=$([ "$op" = norm ] && echo ", q_norm_weight=wq, k_norm_weight=wk")
+      extra_kw=$([ "$op" = norm ] && echo ", q_norm_weight=wq, k_norm_weight=wk")
+      [ "$op" != fp8 ] || extra_kw=", k_scale=ks, v_scale=ks, kv_layout='NHD'"
+      pool_shape=$([ "$op" = fp8 ] && echo "65536, 16, 8, 128" || echo "1_000_000, 8, 128")
+      pool_dtype=$([ "$op" = fp8 ] && echo float8_e4m3fn || echo bfloat16)
       code="
 import torch, attnprep
-T = $arg
-q = torch.randn(T, 32, 128, device='cuda', dtype=torch.bfloat16)
+T, HQ = (($arg,) + (32,))[:2]
+q = torch.randn(T, HQ, 128, device='cuda', dtype=torch.bfloat16)
 k = torch.randn(T, 8, 128, device='cuda', dtype=torch.bfloat16)
 v = torch.randn_like(k)
 pos = torch.randint(0, 131072, (T,), device='cuda')
 slots = torch.randperm(1_000_000, device='cuda')[:T]
-kp = torch.zeros(1_000_000, 8, 128, device='cuda', dtype=torch.bfloat16)
+kp = torch.zeros($pool_shape, device='cuda', dtype=torch.$pool_dtype)
 vp = torch.zeros_like(kp)
 wq, wk = (torch.rand(128, device='cuda', dtype=torch.bfloat16) + 0.5 for _ in range(2))
+ks = torch.tensor(0.5, device='cuda')
 for _ in range(3):
-    attnprep.rope_pool_fused(q, k, v, pos, slots, kp, vp, head_dim=128, num_qo_heads=32, num_kv_heads=8,
-                             rope_base=1e4$norm_kw)
+    attnprep.rope_pool_fused(q, k, v, pos, slots, kp, vp, head_dim=128, num_qo_heads=HQ, num_kv_heads=8,
+                             rope_base=1e4$extra_kw)
 torch.cuda.synchronize()" ;;
     pack)
       kernel=strided_copy_kernel

@@ -84,6 +84,22 @@ def graph_replay_us(fn: Callable[[], object], calls: int = 20, replays: int = 20
     return statistics.median(times)
 
 
+def copy_replay_us(nbytes: int) -> float:
+    """The floor of a launch-bound op's replay: a copy that reads and writes
+    `nbytes` each through attnprep's own copy engine (with programmatic
+    dependent launch, as the ops have it): pack_qkv_destination_major at
+    world_size 1 (each row's heads interleaved, otherwise contiguous),
+    replayed as graph_replay_us replays an op (inputs hot in L2, 20 calls
+    per graph)."""
+    import attnprep
+
+    row = 3 * 8 * 128 * 2  # q, k, v of 8 heads of 128 bf16 elements
+    rows = max(nbytes // row, 1)
+    q, k, v = (torch.empty(rows, 8, 128, dtype=torch.bfloat16, device="cuda").normal_() for _ in range(3))
+    out = attnprep.pack_qkv_destination_major(q, k, v, world_size=1)
+    return graph_replay_us(lambda: attnprep.pack_qkv_destination_major(q, k, v, world_size=1, out=out))
+
+
 def empty_kernel_replay_us(calls: int = 20, replays: int = 200) -> float:
     """The launch floor: an (almost) empty kernel, replayed the same way."""
     return graph_replay_us(lambda: torch.cuda._sleep(0), calls, replays)

@@ -179,21 +179,60 @@ __host__ __device__ __forceinline__ NormMode norm_mode(const RopePoolParams& p) 
   return p.norm_offset == 0.f ? kNormRoundThenWeight : kNormOffsetWeight;
 }
 
-// The block's norm weights as float32 in shared memory (q's, then k's; 1
-// where a side has no norm), offset + w where the offset is not 0. The
-// caller's barrier publishes them.
+// One element's norm weights (q's, k's) as loaded: float32 bits, or T's in
+// the low half. The kernels load them before the cos/sin table and store
+// them to shared memory after it, so that their round trip overlaps the
+// position's and the table's work (converted where loaded, a thread waited
+// there for the q weight before it even asked for the k weight).
+struct NormWeightBits {
+  uint32_t q = 0, k = 0;
+};
+
 template <typename T>
-__device__ __forceinline__ void stage_norm_weights(float* w, const RopePoolParams& p, const RopePoolPointers& ptr) {
-  for (int i = threadIdx.x; i < p.head_dim; i += blockDim.x) {
-    const float wq = !p.norm_q      ? 1.f
-                     : p.q_norm_f32 ? __ldg(static_cast<const float*>(ptr.q_norm_weight) + i)
-                                    : to_float(static_cast<const T*>(ptr.q_norm_weight)[i]);
-    const float wk = !p.norm_k      ? 1.f
-                     : p.k_norm_f32 ? __ldg(static_cast<const float*>(ptr.k_norm_weight) + i)
-                                    : to_float(static_cast<const T*>(ptr.k_norm_weight)[i]);
-    w[i] = !p.norm_q || p.norm_offset == 0.f ? wq : __fadd_rn(p.norm_offset, wq);
-    w[kNormWeightsK + i] = !p.norm_k || p.norm_offset == 0.f ? wk : __fadd_rn(p.norm_offset, wk);
+__device__ __forceinline__ uint32_t load_weight_bits(const void* w, bool f32, int i) {
+  if (sizeof(T) == 4 || f32) return __ldg(static_cast<const unsigned int*>(w) + i);
+  return __ldg(static_cast<const unsigned short*>(w) + i);
+}
+
+template <typename T>
+__device__ __forceinline__ NormWeightBits load_norm_weights(const RopePoolParams& p, const RopePoolPointers& ptr,
+                                                            int i) {
+  NormWeightBits b;
+  if (p.norm_q) b.q = load_weight_bits<T>(ptr.q_norm_weight, p.q_norm_f32, i);
+  if (p.norm_k) b.k = load_weight_bits<T>(ptr.k_norm_weight, p.k_norm_f32, i);
+  return b;
+}
+
+// A weight as the kernels apply it: 1 where the side has no norm, offset + w
+// where the offset is not 0.
+template <typename T>
+__device__ __forceinline__ float staged_weight(uint32_t bits, bool on, bool f32, float offset) {
+  if (!on) return 1.f;
+  float w;
+  if constexpr (sizeof(T) == 4) {
+    w = __uint_as_float(bits);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    w = f32 ? __uint_as_float(bits) : __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  } else {
+    w = f32 ? __uint_as_float(bits) : __uint_as_float(bits << 16);  // bfloat16: the high half of a float32
   }
+  return offset == 0.f ? w : __fadd_rn(offset, w);
+}
+
+// Element i's weights as float32 in shared memory: q's at w[i], k's at
+// w[kNormWeightsK + i]. The caller's barrier publishes them.
+template <typename T>
+__device__ __forceinline__ void store_norm_weights(float* w, const RopePoolParams& p, int i, NormWeightBits b) {
+  w[i] = staged_weight<T>(b.q, p.norm_q, p.q_norm_f32, p.norm_offset);
+  w[kNormWeightsK + i] = staged_weight<T>(b.k, p.norm_k, p.k_norm_f32, p.norm_offset);
+}
+
+// The block's norm weights from element `from` on (a thread's share, in
+// steps of the block): loaded and stored at once.
+template <typename T>
+__device__ __forceinline__ void stage_norm_weights(float* w, const RopePoolParams& p, const RopePoolPointers& ptr,
+                                                   int from) {
+  for (int i = from; i < p.head_dim; i += blockDim.x) store_norm_weights<T>(w, p, i, load_norm_weights<T>(p, ptr, i));
 }
 
 // The squares of a group's N elements summed pairwise (adjacent elements,
@@ -242,7 +281,7 @@ __device__ __forceinline__ float2 round_through(float a, float b) {
 }
 
 // A group normalized in place: w points at the staged weights of its
-// elements (stage_norm_weights; in shared memory, 16-byte aligned when N is a
+// elements (store_norm_weights; in shared memory, 16-byte aligned when N is a
 // multiple of 4, as a group's first element is a multiple of N, so they load
 // four at a time). kMode: how the weight applies (NormMode). The mode is a
 // template parameter: as a run-time select per element both ways were issued.

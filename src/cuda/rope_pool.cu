@@ -202,18 +202,22 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
   }
 }
 
-// Block (t, s): token t, the s-th of gridDim.y slices of its work items.
+// Block (t, s): token t, the (gridDim.y - 1 - s)-th of gridDim.y slices of
+// its work items.
 // kAhead: while on an item, ask L2 for the one kAhead rounds later. kFp8: the
 // pools are float8 (a separate instantiation: the conversion's registers would
 // make the common case spill under the occupancy target). kNorm (a NormMode):
 // the QK norm too, where core::rope_norm_in_rotation_kernel allows it (slices
 // then start on head boundaries, so a head's items are lanes of one warp in
-// one round).
+// one round). The parameters: pointers and index plan first, the parameter
+// block with its 1 KB inv_freq table last, so that the fields every block
+// reads share the first cache lines of the parameter bank, which is cold at
+// each launch.
 template <typename T, int W, int kAhead, bool kFp8, int kNorm>
 __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_blocks_per_sm
                                                              : Policy::min_blocks_per_sm)
-    rope_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr,
-                     const core::RopeCudaIndex ix) {
+    rope_pool_kernel(const RopePoolPointers ptr, const core::RopeCudaIndex ix,
+                     const __grid_constant__ RopePoolParams p) {
   __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
   __shared__ __align__(16) float norm_w[kNorm != kNoNorm ? 2 * kNormWeightsK : 4];
   const int64_t t = blockIdx.x;
@@ -229,12 +233,16 @@ __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_
   const int lanes = p.qk_items_per_head;  // kNorm: a power of two, at most 32
   const float inv_head_dim = 1.f / static_cast<float>(p.head_dim);  // kNorm: exact, a power of two
   const int per_block = ix.items_per_block;
-  const int end = min(n_all, static_cast<int>(blockIdx.y) * per_block + per_block);
+  // Slices in reverse: a split token's last slice (its k and v heads: the
+  // pool writes, with fp8 pools all of the conversion) is its longest, and
+  // blocks start in blockIdx order, so it goes first.
+  const int slice = static_cast<int>(gridDim.y - 1 - blockIdx.y);
+  const int end = min(n_all, slice * per_block + per_block);
   // One item in flight per thread, its loads issued before the cos/sin table
   // so they overlap that work and the round trip for the position. (Two
   // items in flight need more registers than the occupancy target allows.)
   Item<T, W> it;
-  int item = static_cast<int>(blockIdx.y) * per_block + threadIdx.x;
+  int item = slice * per_block + threadIdx.x;
   if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
   const float first_inv_freq = !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
 
@@ -252,13 +260,20 @@ __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_
   }
 #pragma unroll
   for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
-  // The norm weights before the table: their reads then overlap the round
-  // trip for the position, which the table waits for.
-  if constexpr (kNorm != kNoNorm) stage_norm_weights<T>(norm_w, p, ptr);
+  // The thread's first norm weights are asked for before the table and
+  // stored after it: their round trip overlaps the position's and the table.
+  NormWeightBits first_w;
+  const int w_at = static_cast<int>(threadIdx.x);
+  if constexpr (kNorm != kNoNorm)
+    if (w_at < p.head_dim) first_w = load_norm_weights<T>(p, ptr, w_at);
   // One table per block, behind one barrier: a table per warp would repeat
   // the cos/sin work, which costs more than the barrier.
   for (int i = threadIdx.x; i < half; i += blockDim.x)
     cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? first_inv_freq : p.inv_freq[i]);
+  if constexpr (kNorm != kNoNorm) {
+    if (w_at < p.head_dim) store_norm_weights<T>(norm_w, p, w_at, first_w);
+    stage_norm_weights<T>(norm_w, p, ptr, w_at + static_cast<int>(blockDim.x));
+  }
   __syncthreads();
   for (;;) {
     const bool active = item < end;
@@ -296,17 +311,17 @@ cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaSt
     constexpr int kRound = kNormRoundThenWeight, kOffset = kNormOffsetWeight;
     const bool round_first = norm_mode(p) == kNormRoundThenWeight;
     if (shape.several_rounds)
-      return round_first ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound>, grid, block, stream, p, ptrs, ix)
-                         : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset>, grid, block, stream, p, ptrs, ix);
-    return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound>, grid, block, stream, p, ptrs, ix)
-                       : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset>, grid, block, stream, p, ptrs, ix);
+      return round_first ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound>, grid, block, stream, ptrs, ix, p)
+                         : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset>, grid, block, stream, ptrs, ix, p);
+    return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound>, grid, block, stream, ptrs, ix, p)
+                       : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset>, grid, block, stream, ptrs, ix, p);
   }
-  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8, kNoNorm>, grid, block, stream, p, ptrs, ix);
+  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8, kNoNorm>, grid, block, stream, ptrs, ix, p);
   // One round per block (small calls, split tokens): nothing to ask for
   // ahead, and the instantiation without the prefetch is leaner.
   if (shape.several_rounds)
-    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kNoNorm>, grid, block, stream, p, ptrs, ix);
-  return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kNoNorm>, grid, block, stream, p, ptrs, ix);
+    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kNoNorm>, grid, block, stream, ptrs, ix, p);
+  return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kNoNorm>, grid, block, stream, ptrs, ix, p);
 }
 
 }  // namespace
