@@ -179,12 +179,15 @@ __host__ __device__ __forceinline__ NormMode norm_mode(const RopePoolParams& p) 
   return p.norm_offset == 0.f ? kNormRoundThenWeight : kNormOffsetWeight;
 }
 
-// One element's norm weights (q's, k's) as loaded: float32 bits, or T's in
-// the low half. The kernels load them before the cos/sin table and store
-// them to shared memory after it, so that their round trip overlaps the
-// position's and the table's work (converted where loaded, a thread waited
-// there for the q weight before it even asked for the k weight).
-struct NormWeightBits {
+// The block's norm weights as float32 in shared memory (q's at w[i], k's at
+// w[kNormWeightsK + i]; 1 where a side has no norm, offset + w where the
+// offset is not 0), staged around the cos/sin table: start_norm_weights asks
+// for the thread's first weights before the table, finish_norm_weights
+// stores them after it and stages the rest, and the caller's barrier
+// publishes them. Their round trip then overlaps the position's and the
+// table's work (converted where loaded, a thread waited there for the q
+// weight before it even asked for the k weight).
+struct NormWeightBits {  // one element's weights as loaded: float32 bits, or T's in the low half
   uint32_t q = 0, k = 0;
 };
 
@@ -203,8 +206,6 @@ __device__ __forceinline__ NormWeightBits load_norm_weights(const RopePoolParams
   return b;
 }
 
-// A weight as the kernels apply it: 1 where the side has no norm, offset + w
-// where the offset is not 0.
 template <typename T>
 __device__ __forceinline__ float staged_weight(uint32_t bits, bool on, bool f32, float offset) {
   if (!on) return 1.f;
@@ -219,20 +220,24 @@ __device__ __forceinline__ float staged_weight(uint32_t bits, bool on, bool f32,
   return offset == 0.f ? w : __fadd_rn(offset, w);
 }
 
-// Element i's weights as float32 in shared memory: q's at w[i], k's at
-// w[kNormWeightsK + i]. The caller's barrier publishes them.
 template <typename T>
 __device__ __forceinline__ void store_norm_weights(float* w, const RopePoolParams& p, int i, NormWeightBits b) {
   w[i] = staged_weight<T>(b.q, p.norm_q, p.q_norm_f32, p.norm_offset);
   w[kNormWeightsK + i] = staged_weight<T>(b.k, p.norm_k, p.k_norm_f32, p.norm_offset);
 }
 
-// The block's norm weights from element `from` on (a thread's share, in
-// steps of the block): loaded and stored at once.
 template <typename T>
-__device__ __forceinline__ void stage_norm_weights(float* w, const RopePoolParams& p, const RopePoolPointers& ptr,
-                                                   int from) {
-  for (int i = from; i < p.head_dim; i += blockDim.x) store_norm_weights<T>(w, p, i, load_norm_weights<T>(p, ptr, i));
+__device__ __forceinline__ NormWeightBits start_norm_weights(const RopePoolParams& p, const RopePoolPointers& ptr) {
+  const int i = static_cast<int>(threadIdx.x);
+  return i < p.head_dim ? load_norm_weights<T>(p, ptr, i) : NormWeightBits{};
+}
+
+template <typename T>
+__device__ __forceinline__ void finish_norm_weights(float* w, const RopePoolParams& p, const RopePoolPointers& ptr,
+                                                    NormWeightBits first) {
+  int i = static_cast<int>(threadIdx.x);
+  if (i < p.head_dim) store_norm_weights<T>(w, p, i, first);
+  for (i += blockDim.x; i < p.head_dim; i += blockDim.x) store_norm_weights<T>(w, p, i, load_norm_weights<T>(p, ptr, i));
 }
 
 // The squares of a group's N elements summed pairwise (adjacent elements,

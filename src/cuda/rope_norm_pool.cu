@@ -95,14 +95,10 @@ __global__ void __launch_bounds__(kThreads, Policy::general_norm_min_blocks_per_
   const TokenPlace place = token_place(p, ptr, t);
   const int64_t slot = place.slot;
   const bool write_pool = place.write_pool;
-  // the first weights asked for before the table, stored after it (as in cuda/rope_pool.cu)
-  NormWeightBits first_w;
-  const int w_at = static_cast<int>(threadIdx.x);
-  if (w_at < D) first_w = load_norm_weights<T>(p, ptr, w_at);
+  const NormWeightBits first_w = start_norm_weights<T>(p, ptr);  // staged around the table
   for (int i = threadIdx.x; i < half; i += blockDim.x)
     cs[i] = token_cos_sin(p, ptr, place.pos, place.pos_ok, i, p.inv_freq[i]);
-  if (w_at < D) store_norm_weights<T>(norm_w, p, w_at, first_w);
-  stage_norm_weights<T>(norm_w, p, ptr, w_at + static_cast<int>(blockDim.x));
+  finish_norm_weights<T>(norm_w, p, ptr, first_w);
   __syncthreads();
 
   for (int r = 0; r < rounds; ++r) {

@@ -260,20 +260,13 @@ __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_
   }
 #pragma unroll
   for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
-  // The thread's first norm weights are asked for before the table and
-  // stored after it: their round trip overlaps the position's and the table.
-  NormWeightBits first_w;
-  const int w_at = static_cast<int>(threadIdx.x);
-  if constexpr (kNorm != kNoNorm)
-    if (w_at < p.head_dim) first_w = load_norm_weights<T>(p, ptr, w_at);
+  NormWeightBits first_w;  // the norm weights, staged around the table (start_norm_weights)
+  if constexpr (kNorm != kNoNorm) first_w = start_norm_weights<T>(p, ptr);
   // One table per block, behind one barrier: a table per warp would repeat
   // the cos/sin work, which costs more than the barrier.
   for (int i = threadIdx.x; i < half; i += blockDim.x)
     cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? first_inv_freq : p.inv_freq[i]);
-  if constexpr (kNorm != kNoNorm) {
-    if (w_at < p.head_dim) store_norm_weights<T>(norm_w, p, w_at, first_w);
-    stage_norm_weights<T>(norm_w, p, ptr, w_at + static_cast<int>(blockDim.x));
-  }
+  if constexpr (kNorm != kNoNorm) finish_norm_weights<T>(norm_w, p, ptr, first_w);
   __syncthreads();
   for (;;) {
     const bool active = item < end;
