@@ -25,7 +25,11 @@ def sets_needed(bytes_per_set: int) -> int:
     return max(1, min(8, (4 * L2_BYTES) // max(bytes_per_set, 1) + 1))
 
 
-SPIN_CYCLES = 200_000  # ~100 us: longer than any op's host-side cost
+# ~0.5 ms of spinning ahead of each timed call, longer than any op's
+# host-side cost: torch.compile's guards and launches for the QK-norm peer
+# took over 100 us per call on one H200 host, so a 100 us spin let them
+# into the "kernel" time.
+SPIN_CYCLES = 1_000_000
 
 
 def median_ms(fns: Sequence[Callable[[], object]], iters: int = 50, warmup: int = 5) -> float:
