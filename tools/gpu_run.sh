@@ -14,6 +14,12 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 
+# A GPU machine without a package index: wheels carried in .whl/ (an
+# ignored folder; e.g. libclang, which the Metal source test needs) are
+# installed first, so that the set-up below finds them.
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps .whl/*.whl > "$OUT/wheels.log" 2>&1 || tail -3 "$OUT/wheels.log"
+fi
 start=$(date +%s)
 (bash scripts/setup.sh && python3 -m attnprep) > "$OUT/main.log" 2>&1
 echo "main job rc=$? ($(( $(date +%s) - start )) s): $(tail -1 "$OUT/main.log")"
