@@ -7,7 +7,10 @@ Per T: median kernel time (CUDA events), effective GB/s (q, k, v, positions,
 slots read once; q_rot, k_rot and the pool rows written once) and % of a
 device-to-device copy of the same bytes, measured in the same run; CUDA-graph
 replay per call for T <= 512 (20 calls back to back per graph), with
-programmatic dependent launch (PDL) on and off; the plain-PyTorch
+programmatic dependent launch (PDL) on and off, beside the replay of a copy
+of the same bytes (the floor); the same three with cos/sin read from a
+cos_sin_cache table, as vLLM and SGLang call it (its rows counted in the
+copy's bytes) instead of computed from rope_base; the plain-PyTorch
 composition (rope on q and k, then index_copy_ into the pools) eager and
 under torch.compile (compiled per T, static shapes). Then the paged / fp8
 cache table, and the QK-norm table (q/k RMSNorm + RoPE + pool write, 32/8 and
@@ -18,6 +21,7 @@ fastest of two formulations). ``--only rope|formats|norm`` runs one table.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 
@@ -32,6 +36,25 @@ TS = [1, 8, 32, 128, 512, 2048, 8192, 32768]
 def inv_freq():
     i = torch.arange(D // 2, dtype=torch.float64)
     return (1.0 / BASE ** (2 * i / D)).float().cuda()
+
+
+@functools.lru_cache(maxsize=None)
+def cos_sin_cache():
+    """The [MAXPOS, D] float32 table (cos half, sin half) that servers pass, built once."""
+    return attnprep.rope_cos_sin_cache(D, MAXPOS, BASE, device="cuda")
+
+
+def through_cache(call, sets, nbytes, T, iters, replay):
+    """attnprep reading cos/sin from cos_sin_cache, as vLLM and SGLang call it: [us, % of a copy
+    of the same bytes plus the table rows read (D float32 per token), graph replay us]."""
+    cache = cos_sin_cache()
+    t = common.median_ms([lambda s=s: call(s, cache) for s in sets], iters)
+    tcopy = common.copy_ms((nbytes + T * D * 4) // 2, iters)
+    graph = common.graph_replay_us(lambda: call(sets[0], cache)) if replay else float("nan")
+    return [t * 1e3, 100 * tcopy / t, graph]
+
+
+CACHE_COLUMNS = ["cos_sin_cache us", "% of copy, cache", "graph replay, cache us"]
 
 
 def torch_rope(q, k, positions, freqs):
@@ -134,6 +157,8 @@ def run_norm(quick: bool = False, with_peers: bool = True):
             graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **nkw)) \
                 if small else float("nan")
             graph_copy = common.copy_replay_us(nbytes // 2) if small else float("nan")
+            cached = through_cache(lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw, cos_sin_cache=c),
+                                   sets, nbytes, T, iters, small)
             best, tc, graph_c = "-", float("nan"), float("nan")
             if with_peers:
                 for name, (fn, norm) in NORM_PEERS.items():
@@ -144,15 +169,15 @@ def run_norm(quick: bool = False, with_peers: bool = True):
                         if small else float("nan")
                     if not tn >= tc:  # the fastest formulation (tc starts as NaN)
                         best, tc, graph_c = name, tn, gn
-            rows.append([f"{hq}/{hkv}", T, t * 1e3, 100 * tcopy / t, t / t_rope, graph, graph_copy, best, tc * 1e3, graph_c,
-                         tc / t, graph_c / graph])
+            rows.append([f"{hq}/{hkv}", T, t * 1e3, 100 * tcopy / t, t / t_rope, graph, graph_copy] + cached +
+                        [best, tc * 1e3, graph_c, tc / t, graph_c / graph])
             print("norm row:", rows[-1], flush=True)  # progress (the table comes at the end)
     common.print_table(
         f"rope_pool_fused with the QK norm (q_norm_weight, k_norm_weight), bf16, head_dim 128 "
         f"({common.environment()})",
-        ["heads", "T", "attnprep us", "% of copy", "time / RoPE alone", "graph replay us", "copy graph replay us",
-         "fastest compiled peer",
-         "torch.compile us", "compile graph us", "speed-up vs compile", "graph speed-up"], rows)
+        ["heads", "T", "attnprep us", "% of copy", "time / RoPE alone", "graph replay us", "copy graph replay us"] +
+        CACHE_COLUMNS + ["fastest compiled peer", "torch.compile us", "compile graph us", "speed-up vs compile",
+                         "graph speed-up"], rows)
 
 
 # (pool dtype, layout, page size) of the KV-format table
@@ -182,6 +207,8 @@ def run_formats(quick: bool = False, with_peers: bool = True):
             graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw)) \
                 if T <= 128 else float("nan")
             graph_copy = common.copy_replay_us(nbytes // 2) if T <= 128 else float("nan")
+            cached = through_cache(lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c),
+                                   sets, nbytes, T, iters, T <= 128)
             tc = graph_c = float("nan")
             if with_peers:
                 ks, vs = scales.get("k_scale"), scales.get("v_scale")
@@ -191,13 +218,12 @@ def run_formats(quick: bool = False, with_peers: bool = True):
                 if T <= 128:
                     graph_c = common.graph_replay_us(lambda: comp(*sets[0], k_pool, v_pool, freqs, layout, page, ks, vs))
             rows.append([f"{str(pool_dtype).replace('torch.', '')} {layout} page {page}", T, t * 1e3,
-                         100 * tcopy / t, graph, graph_copy, tc * 1e3, graph_c, tc / t])
+                         100 * tcopy / t, graph, graph_copy] + cached + [tc * 1e3, graph_c, tc / t])
         del k_pool, v_pool
     common.print_table(
         f"rope_pool_fused into paged and fp8 caches, bf16 q/k/v, 32/8 heads, head_dim 128 ({common.environment()})",
-        ["pool", "T", "attnprep us", "% of copy", "graph replay us", "copy graph replay us", "torch.compile us",
-         "compile graph us",
-         "speed-up vs compile"], rows)
+        ["pool", "T", "attnprep us", "% of copy", "graph replay us", "copy graph replay us"] + CACHE_COLUMNS +
+        ["torch.compile us", "compile graph us", "speed-up vs compile"], rows)
 
 
 def case(T, g):
@@ -233,6 +259,8 @@ def run(quick: bool = False, ts=None, with_peers: bool = True):
             te = common.median_ms([lambda s=s: torch_rope_pool(*s, k_pool, v_pool, freqs) for s in sets], iters)
             tc = common.median_ms([lambda s=s: compiled(*s, k_pool, v_pool, freqs) for s in sets], iters)
         tcopy = common.copy_ms(nbytes // 2, iters)
+        cached = through_cache(lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c),
+                               sets, nbytes, T, iters, T <= 512)
         graph = graph_off = graph_c = graph_copy = float("nan")
         if T <= 512:
             s = sets[0]
@@ -242,14 +270,14 @@ def run(quick: bool = False, ts=None, with_peers: bool = True):
                 graph_off = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
             if with_peers:
                 graph_c = common.graph_replay_us(lambda: compiled(*s, k_pool, v_pool, freqs))
-        rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, graph_off, graph_copy, tc * 1e3,
-                     100 * tcopy / tc, graph_c, te * 1e3, tc / t])
+        rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, graph_off, graph_copy] + cached +
+                    [tc * 1e3, 100 * tcopy / tc, graph_c, te * 1e3, tc / t])
     common.print_table(
         f"rope_pool_fused, bf16, 32/8 heads, head_dim 128 ({common.environment()}, "
         f"PDL available: {common.pdl_available()})",
-        ["T", "attnprep us", "GB/s", "% of copy", "graph replay us", "graph replay, PDL off us", "copy graph replay us",
-         "torch.compile us",
-         "compile % of copy", "compile graph us", "eager us", "speed-up vs compile"], rows)
+        ["T", "attnprep us", "GB/s", "% of copy", "graph replay us", "graph replay, PDL off us", "copy graph replay us"] +
+        CACHE_COLUMNS + ["torch.compile us", "compile % of copy", "compile graph us", "eager us",
+                         "speed-up vs compile"], rows)
 
 
 if __name__ == "__main__":
