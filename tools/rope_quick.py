@@ -1,0 +1,52 @@
+"""rope_pool_fused alone, for A/B runs (tools/gpu_ab.sh): kernel time, % of a
+copy of the same bytes and CUDA-graph replay per call, for RoPE alone, the QK
+norm (32/8 and 64/8 heads) and fp8 pages, at T = 1 ... 8192 (bf16, head_dim
+128, rope_base). No peers: bench/bench_rope_pool.py makes the tables."""
+
+import torch
+
+import attnprep
+from attnprep import _bench as common
+
+D, POOL = 128, 1 << 20
+CASES = [("rope", 32, False, False), ("norm", 32, False, True), ("norm64", 64, False, True), ("fp8", 32, True, False)]
+
+
+def main():
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def inputs(T, hq, hkv):
+        return (torch.randn(T, hq, D, device="cuda", dtype=torch.bfloat16, generator=g),
+                torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16, generator=g),
+                torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16, generator=g),
+                torch.randint(0, 131072, (T,), device="cuda", generator=g),
+                torch.randperm(POOL, device="cuda", generator=g)[:T])
+
+    rows = []
+    for name, hq, fp8, norm in CASES:
+        hkv = 8
+        if fp8:
+            k_pool = torch.zeros(POOL // 16, 16, hkv, D, device="cuda", dtype=torch.float8_e4m3fn)
+            extra = dict(k_scale=torch.tensor(0.5, device="cuda"), v_scale=torch.tensor(2.0, device="cuda"))
+        else:
+            k_pool = torch.zeros(POOL, hkv, D, device="cuda", dtype=torch.bfloat16)
+            extra = {}
+        v_pool = torch.zeros_like(k_pool)
+        if norm:
+            extra = dict(q_norm_weight=torch.rand(D, device="cuda", dtype=torch.bfloat16) + 0.5,
+                         k_norm_weight=torch.rand(D, device="cuda", dtype=torch.bfloat16) + 0.5)
+        kw = dict(head_dim=D, num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e4, **extra)
+        pool_bytes = 1 if fp8 else 2
+        for T in [1, 128, 512, 2048, 8192]:
+            nbytes = T * ((hq + 2 * hkv) * D * 2 + 16) + T * (hq + hkv) * D * 2 + T * 2 * hkv * D * pool_bytes
+            sets = [inputs(T, hq, hkv) for _ in range(common.sets_needed(nbytes))]
+            t = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets], 50)
+            t_copy = common.copy_ms(nbytes // 2, 50)
+            replay = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw)) \
+                if T <= 512 else float("nan")
+            rows.append([name, T, t * 1e3, 100 * t_copy / t, replay])
+    common.print_table("rope_pool_fused alone (A/B)", ["case", "T", "us", "% of copy", "graph replay us"], rows)
+
+
+if __name__ == "__main__":
+    main()
