@@ -32,9 +32,9 @@
    wire_dtype=float8_e4m3fn against bf16.
 6. The copy-engine transport (``--parts ce``, NCCL runs only): attention
    alone, the exchange alone (the layer with an identity attention) through
-   NCCL and through the copy engines, and the layer through the copy engines
-   with 1, 2 and 4 chunks; exposed = (layer - attention alone) / the NCCL
-   exchange alone.
+   NCCL and through the copy engines, the layer through NCCL (1 chunk) and
+   through the copy engines with 1, 2 and 4 chunks; exposed = (layer -
+   attention alone) / the NCCL exchange alone.
 Rank 0 prints the tables for bench/README.md.
 
 Keep NCCL_NVLS_ENABLE=0 (set below if unset): NVLink multicast stays off.
@@ -182,11 +182,15 @@ def overlap_rows(world, device, dtype, rows, heads, dim, causal, iters, priority
 
 def copy_engine_rows(world, device, dtype, rows, heads, dim, causal, iters):
     """ms of: attention alone, the exchange alone (the layer with an identity
-    attention) through NCCL and through the copy engines, and the layer
-    through the copy engines with 1, 2 and 4 chunks."""
+    attention) through NCCL and through the copy engines, the layer through
+    NCCL (1 chunk), and the layer through the copy engines with 1, 2 and 4
+    chunks."""
     g = torch.Generator(device=device).manual_seed(1)
     q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype, generator=g) for _ in range(3))
-    ql, kl, vl = ulysses.scatter_heads(q, k, v, validate=False)
+    # attention alone on contiguous [S, heads, D] tensors: the copy-engine
+    # layer's layout, on which SDPA runs fastest (scatter_heads' strided
+    # views cost it up to 5% at these shapes)
+    ql, kl, vl = (t.contiguous() for t in ulysses.scatter_heads(q, k, v, validate=False))
     attn = ulysses.sdpa(causal)
 
     def layer(chunks, transport, attn_fn=None):
@@ -197,7 +201,7 @@ def copy_engine_rows(world, device, dtype, rows, heads, dim, causal, iters):
         return q_
 
     fns = [lambda: attn(ql, kl, vl), layer(1, "nccl", identity), layer(1, "copy_engine", identity),
-           layer(1, "copy_engine"), layer(2, "copy_engine"), layer(4, "copy_engine")]
+           layer(1, "nccl"), layer(1, "copy_engine"), layer(2, "copy_engine"), layer(4, "copy_engine")]
     return timed_together(fns, device, iters)
 
 
@@ -266,8 +270,9 @@ def extra_tables(rank, world, device, dtype, a):
                            f"{t_split:.2f} |")
     if "ce" in a.parts and a.backend == "nccl":
         out += ["\n| (rows per rank, heads, head_dim) | causal | attention alone ms | exchange alone, NCCL ms | "
-                "exchange alone, copy engines ms | exposed (of the NCCL exchange): 1 chunk | 2 chunks | 4 chunks |",
-                "|---|---|---|---|---|---|---|---|"]
+                "exchange alone, copy engines ms | exposed (of the NCCL exchange): NCCL, 1 chunk | copy engines, 1 chunk | "
+                "2 chunks | 4 chunks |",
+                "|---|---|---|---|---|---|---|---|---|"]
         for rows, heads, dim in shapes:
             if heads // world % 4:
                 continue

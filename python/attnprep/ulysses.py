@@ -499,6 +499,8 @@ def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, val
         chunks = _local_chunks(q.shape[1], k.shape[1], world, chunks)
         _wire_code(wire_dtype, chunks)
         _transport_code(transport, q, wire_dtype)
+    if transport == "copy_engine" and world > 1:
+        return _peer.attention(q, k, v, group, attn, chunks)
     rows, heads, dim = q.shape
     kv = k.shape[1]
     local_q, split = heads // world, kv >= world
@@ -508,9 +510,6 @@ def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, val
     send = _C._pack_qkv_gqa(q, k, v, world, chunks) if q.is_cuda else _pack_torch(q, k, v, world, chunks)
     out = torch.empty((rows, heads, dim), dtype=q.dtype, device=q.device)
     placed = out.view(rows, world, local_q, dim)
-    if transport == "copy_engine" and world > 1:
-        _copy_engine_chunks(send, placed, group, attn, chunks, chunk_q, chunk_kv, dim)
-        return out
     recv = torch.empty_like(send) if world > 1 else send
 
     def exchange(src: Tensor, dst: Tensor):
@@ -532,41 +531,6 @@ def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, val
             outbound[c].wait()
         placed[:, :, c * chunk_q:(c + 1) * chunk_q].copy_(back[c].permute(1, 0, 2, 3))
     return out
-
-
-def _copy_engine_chunks(send: Tensor, placed: Tensor, group, attn: AttnFn, chunks: int, chunk_q: int,
-                        chunk_kv: int, dim: int) -> None:
-    """The chunked exchange through the copy-engine transport (attnprep._peer):
-    every chunk's blocks copied into the peers' receive buffers on a side
-    stream, attention on chunk c once its barrier has passed, each chunk's
-    output copied back the same way, then merged into ``placed``."""
-    world = send.shape[1]
-    rows = placed.shape[0]
-    device = send.device
-    inbox = _peer.buffers(group, tuple(send.shape), send.dtype, device)
-    backbox = _peer.buffers(group, (chunks, world, rows, chunk_q, dim), placed.dtype, device)
-    compute, side = torch.cuda.current_stream(device), _peer.stream(device)
-    side.wait_stream(compute)  # send is written; this rank's reads of both boxes in its last call are done
-    send.record_stream(side)
-    arrived = []
-    with torch.cuda.stream(side):
-        # every rank is past its last call's reads of the boxes before anyone writes into them
-        dist.all_reduce(inbox.barrier, group=group)
-        for c in range(chunks):
-            _peer.send(send[c], inbox, c, group)
-            arrived.append(torch.cuda.Event())
-            arrived[c].record(side)
-    for c in range(chunks):
-        compute.wait_event(arrived[c])
-        ql, kl, vl = _unpack(inbox.local[c], world * chunk_q, chunk_kv, dim, world)
-        o = attn(ql, kl, vl).reshape(world, rows, chunk_q, dim).contiguous()  # [S, chunk_q, D] by source rank
-        side.wait_stream(compute)
-        o.record_stream(side)
-        with torch.cuda.stream(side):
-            _peer.send(o, backbox, c, group)
-    compute.wait_stream(side)
-    for c in range(chunks):
-        placed[:, :, c * chunk_q:(c + 1) * chunk_q].copy_(backbox.local[c].permute(1, 0, 2, 3))
 
 
 class UlyssesAttention(torch.nn.Module):

@@ -1,6 +1,7 @@
 """The Ulysses layer's copy-engine transport (transport="copy_engine"): bit
-for bit the NCCL transport's result, chunked or not, on repeated calls (the
-receive buffers reused); its checks on every rank alike. The transport needs
+for bit the NCCL transport's result, chunked or not, MHA and GQA (split and
+replicated kv heads), contiguous and strided inputs, odd rows, on repeated
+calls (the receive buffers and flags reused); its checks on every rank alike. The transport needs
 GPUs: on CPU only the checks run (gloo ranks)."""
 
 import pytest
@@ -39,19 +40,25 @@ def test_gloo_transport_checks(world):
 
 
 def _same_as_nccl(rank, world, device):
-    rows, dim = 40, 64
-    for heads, kv in [(8, 8), (8, 4), (8, 1)]:
+    dim = 64
+    for rows, heads, kv in [(40, 8, 8), (17, 8, 4), (40, 8, 1), (1, 4, 1)]:
         for chunks in (1, 2):
-            for call in range(2):  # the second call reuses the receive buffers
+            for call in range(3):  # later calls reuse the receive buffers and flags
                 g = torch.Generator().manual_seed(1000 * call + 10 * heads + kv + rank)
-                q, k, v = (torch.randn(rows, n, dim, generator=g).to(torch.bfloat16).to(device)
-                           for n in (heads, kv, kv))
+                # call 1: q, k, v are slices of one fused projection (rows strided, heads adjacent);
+                # call 2: heads not adjacent (a transposed view)
+                fused = torch.randn(rows, (heads + 2 * kv) * dim, generator=g).to(torch.bfloat16).to(device)
+                q, k, v = (t.view(rows, -1, dim) for t in fused.split([heads * dim, kv * dim, kv * dim], -1))
+                if call == 0:
+                    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+                if call == 2:
+                    q = q.transpose(0, 1).contiguous().transpose(0, 1)
                 got = ulysses.ulysses_attention(q, k, v, causal=True, chunks=chunks, transport="copy_engine")
                 want = ulysses.ulysses_attention(q, k, v, causal=True, chunks=chunks)
                 torch.cuda.synchronize()
                 if not torch.equal(got, want):
                     err = (got.float() - want.float()).abs().max().item()
-                    return f"({heads}, {kv}, chunks {chunks}, call {call}): differs from NCCL by {err}"
+                    return f"({rows}, {heads}, {kv}, chunks {chunks}, call {call}): differs from NCCL by {err}"
     # ranks that disagree on the transport all raise the same error
     q, k, v = (torch.randn(rows, 8, dim, device=device, dtype=torch.bfloat16) for _ in range(3))
     try:
