@@ -30,6 +30,11 @@
 5. fp8 on the wire (``--parts fp8``): each direction's exchange (pack or
    copy, quantize, all_to_all_single, dequantize, unpack or merge) with
    wire_dtype=float8_e4m3fn against bf16.
+6. The copy-engine transport (``--parts ce``, NCCL runs only): attention
+   alone, the exchange alone (the layer with an identity attention) through
+   NCCL and through the copy engines, the layer through NCCL (1 chunk) and
+   through the copy engines with 1, 2 and 4 chunks; exposed = (layer -
+   attention alone) / the NCCL exchange alone.
 Rank 0 prints the tables for bench/README.md.
 
 Keep NCCL_NVLS_ENABLE=0 (set below if unset): NVLink multicast stays off.
@@ -175,6 +180,31 @@ def overlap_rows(world, device, dtype, rows, heads, dim, causal, iters, priority
     return [t_x] + timed_together(fns, device, iters)
 
 
+def copy_engine_rows(world, device, dtype, rows, heads, dim, causal, iters):
+    """ms of: attention alone, the exchange alone (the layer with an identity
+    attention) through NCCL and through the copy engines, the layer through
+    NCCL (1 chunk), and the layer through the copy engines with 1, 2 and 4
+    chunks."""
+    g = torch.Generator(device=device).manual_seed(1)
+    q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype, generator=g) for _ in range(3))
+    # attention alone on contiguous [S, heads, D] tensors: the copy-engine
+    # layer's layout, on which SDPA runs fastest (scatter_heads' strided
+    # views cost it up to 5% at these shapes)
+    ql, kl, vl = (t.contiguous() for t in ulysses.scatter_heads(q, k, v, validate=False))
+    attn = ulysses.sdpa(causal)
+
+    def layer(chunks, transport, attn_fn=None):
+        return lambda: ulysses.ulysses_attention(q, k, v, attn_fn=attn_fn, causal=causal, validate=False,
+                                                 chunks=chunks, transport=transport)
+
+    def identity(q_, k_, v_):
+        return q_
+
+    fns = [lambda: attn(ql, kl, vl), layer(1, "nccl", identity), layer(1, "copy_engine", identity),
+           layer(1, "nccl"), layer(1, "copy_engine"), layer(2, "copy_engine"), layer(4, "copy_engine")]
+    return timed_together(fns, device, iters)
+
+
 def fp8_rows(world, device, dtype, rows, heads, dim, iters):
     """(pack + quantize alone, dequantize alone, in bf16, in fp8, out bf16, out fp8, a2a of the bf16
     bytes, a2a of the fp8 bytes, copy of the bf16 bytes) ms.
@@ -238,6 +268,20 @@ def extra_tables(rank, world, device, dtype, a):
                 exposed = " | ".join(f"{(t - t_attn) / t_x:.2f} ({t:.2f} ms)" for t in layers)
                 out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {exposed} | "
                            f"{t_split:.2f} |")
+    if "ce" in a.parts and a.backend == "nccl":
+        out += ["\n| (rows per rank, heads, head_dim) | causal | attention alone ms | exchange alone, NCCL ms | "
+                "exchange alone, copy engines ms | exposed (of the NCCL exchange): NCCL, 1 chunk | copy engines, 1 chunk | "
+                "2 chunks | 4 chunks |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for rows, heads, dim in shapes:
+            if heads // world % 4:
+                continue
+            for causal in (False, True):
+                t_attn, t_x, t_ce, *layers = copy_engine_rows(world, device, dtype, rows, heads, dim, causal,
+                                                              2 if a.smoke else 7)
+                exposed = " | ".join(f"{(t - t_attn) / t_x:.2f} ({t:.2f} ms)" for t in layers)
+                out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {t_ce:.2f} | "
+                           f"{exposed} |")
     if "fp8" in a.parts:
         out += ["\n| (rows per rank, heads, head_dim) | in: bf16 ms | in: fp8 wire ms | in speed-up | out: bf16 ms | "
                 "out: fp8 wire ms | out speed-up | a2a alone, bf16 / fp8 bytes ms | copy ms | floor speed-up | "
@@ -256,8 +300,8 @@ def extra_tables(rank, world, device, dtype, a):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--backend", default="nccl")
-    p.add_argument("--parts", default="exchange,input,overlap,fp8",
-                   help="comma-separated: exchange (tables 1-2), input, overlap, fp8")
+    p.add_argument("--parts", default="exchange,input,overlap,fp8,ce",
+                   help="comma-separated: exchange (tables 1-2), input, overlap, fp8, ce (copy-engine transport)")
     p.add_argument("--smoke", action="store_true", help="small shapes (script check on CPU)")
     p.add_argument("--spawn", type=int, default=0, help="start N local processes instead of torchrun")
     a = p.parse_args()

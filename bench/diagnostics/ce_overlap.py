@@ -13,7 +13,7 @@ heads, head_dim), bf16, one rank per GPU:
   block per peer: [rows, heads / world, 3 * head_dim] in, [rows, heads /
   world, head_dim] out), moved by one NCCL all_to_all_single, and by copy
   engines: cudaMemcpyAsync into each peer's receive buffer, opened through
-  CUDA IPC (torch.multiprocessing.reductions), on a side stream;
+  CUDA IPC (attnprep's copy-engine transport's buffers), on a side stream;
 - attention with each of the two running beside it on another stream,
   started together.
 
@@ -37,7 +37,8 @@ os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.multiprocessing.reductions import reduce_tensor  # noqa: E402
+
+from attnprep import _C, _peer  # noqa: E402
 
 SHAPES = [(41984, 56, 128), (75600, 40, 128), (65536, 24, 128), (8192, 32, 128)]
 ITERS = 5
@@ -59,22 +60,23 @@ def timed(fns, device):
     return [statistics.median(t) for t in times]
 
 
-class PeerBuffers:
-    """A receive buffer per rank, each opened in every other rank through CUDA IPC."""
-
-    def __init__(self, shape, dtype, device, world, rank):
-        self.local = torch.zeros(shape, dtype=dtype, device=device)
-        handles = [None] * world
-        dist.all_gather_object(handles, reduce_tensor(self.local))
-        self.peer = [fn(*args) if r != rank else self.local for r, (fn, args) in enumerate(handles)]
-
-
 def copy_engine_exchange(send, bufs, rank, world, stream):
-    """send [world, ...]: block d to rank d's receive buffer, slot `rank`, with cudaMemcpyAsync (no SMs)."""
+    """send [world, ...]: block d to rank d's receive buffer (attnprep's
+    copy-engine transport's, opened through CUDA IPC), slot `rank`, with
+    cudaMemcpyAsync (no SMs)."""
+    nbytes = send[0].numel() * send.element_size()
     with torch.cuda.stream(stream):
         for d in range(world):
-            # a contiguous same-dtype copy between devices is one cudaMemcpyAsync (peer access on)
-            bufs.peer[d][rank].copy_(send[d], non_blocking=True)
+            _C._peer_copy_2d(bufs.addr[d] + rank * nbytes, nbytes, send[d].data_ptr(), nbytes, nbytes, 1,
+                             send.device.index)
+
+
+class PeerBuffer:
+    """A receive buffer on every rank, opened in every other rank through CUDA IPC (attnprep's transport's way)."""
+
+    def __init__(self, shape, dtype, device):
+        self.local = torch.zeros(shape, dtype=dtype, device=device)
+        self.addr = _peer.open_peers(None, [self.local])[0]
 
 
 def row(rank, world, device, rows, heads, dim, causal, side):
@@ -85,11 +87,11 @@ def row(rank, world, device, rows, heads, dim, causal, side):
     send_in = torch.randn(world, rows, h, 3 * dim, device=device, dtype=dtype, generator=g)
     send_out = torch.randn(world, rows, h, dim, device=device, dtype=dtype, generator=g)
     recv_in, recv_out = torch.empty_like(send_in), torch.empty_like(send_out)
-    ce_in = PeerBuffers(send_in.shape, dtype, device, world, rank)
-    ce_out = PeerBuffers(send_out.shape, dtype, device, world, rank)
+    ce_in = PeerBuffer(send_in.shape, dtype, device)
+    ce_out = PeerBuffer(send_out.shape, dtype, device)
 
     def attention():
-        F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=causal)
+        F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=causal)
 
     def nccl():
         with torch.cuda.stream(side):

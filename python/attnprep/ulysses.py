@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import _C
+from . import _C, _peer
 from .pack_qkv import pack_qkv_destination_major
 from .usp_merge_heads import usp_merge_heads
 
@@ -84,8 +84,9 @@ def _check_local(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
 # What every rank tells the others before any data moves: its geometry, then
 # the verdict of its local checks (0: passed, 1: ValueError, 2: TypeError)
 # with the message as UTF-8 bytes, one per int64.
-_FIELDS = ("rows", "q heads", "kv heads", "head_dim", "dtype", "chunks", "wire_dtype")
+_FIELDS = ("rows", "q heads", "kv heads", "head_dim", "dtype", "chunks", "wire_dtype", "transport")
 _WIRE = {None: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
+_TRANSPORTS = {"nccl": 0, "copy_engine": 1}
 _MESSAGE_BYTES = 240
 _DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
            torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
@@ -118,14 +119,24 @@ def _wire_code(wire_dtype, chunks=1) -> int:
     return _WIRE[wire_dtype]
 
 
-def _describe(q, k, v, world: int, chunks=1, wire_dtype=None) -> Tensor:
+def _transport_code(transport, q: Tensor, wire_dtype) -> int:
+    if not isinstance(transport, str) or transport not in _TRANSPORTS:
+        raise ValueError("ulysses: transport must be \"nccl\" or \"copy_engine\"")
+    if transport == "copy_engine" and (not q.is_cuda or wire_dtype is not None):
+        raise ValueError(_peer.NEEDS)
+    return _TRANSPORTS[transport]
+
+
+def _describe(q, k, v, world: int, chunks=1, wire_dtype=None, transport="nccl") -> Tensor:
     info = torch.zeros(len(_FIELDS) + 1 + _MESSAGE_BYTES, dtype=torch.int64)
     try:
         _check_local(q, k, v, world)
         chunks = _local_chunks(q.shape[1], k.shape[1], world, chunks)
         wire = _wire_code(wire_dtype, chunks)
+        how = _transport_code(transport, q, wire_dtype)
         dtype = _DTYPES.index(q.dtype) + 1 if q.dtype in _DTYPES else 0
-        info[: len(_FIELDS)] = torch.tensor([q.shape[0], q.shape[1], k.shape[1], q.shape[2], dtype, chunks, wire])
+        info[: len(_FIELDS)] = torch.tensor([q.shape[0], q.shape[1], k.shape[1], q.shape[2], dtype, chunks, wire,
+                                             how])
     except (ValueError, TypeError) as e:
         info[len(_FIELDS)] = 1 if isinstance(e, ValueError) else 2
         text = str(e).encode()[:_MESSAGE_BYTES]
@@ -133,13 +144,13 @@ def _describe(q, k, v, world: int, chunks=1, wire_dtype=None) -> Tensor:
     return info
 
 
-def _agree(q, k, v, group, chunks=1, wire_dtype=None) -> int:
+def _agree(q, k, v, group, chunks=1, wire_dtype=None, transport="nccl") -> int:
     """Every rank raises the same error, or none does; returns the chunk count."""
     world, _ = _world(group)
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    mine = _describe(q, k, v, world, chunks, wire_dtype).to(device)
+    mine = _describe(q, k, v, world, chunks, wire_dtype, transport).to(device)
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
     every = [t.cpu() for t in every]
@@ -159,6 +170,8 @@ def _agree(q, k, v, group, chunks=1, wire_dtype=None) -> int:
                 values = [_DTYPES[x - 1] if x else "another dtype" for x in values]
             if field == "wire_dtype":
                 values = [next(d for d, c in _WIRE.items() if c == x) for x in values]
+            if field == "transport":
+                values = [next(t for t, c in _TRANSPORTS.items() if c == x) for x in values]
             shown = "[" + ", ".join(str(x) for x in values) + "]"
             raise ValueError(f"ulysses: every rank must pass the same {field}, got {shown}")
     return int(every[0][_FIELDS.index("chunks")])
@@ -453,7 +466,8 @@ class UlyssesQKVProjection(torch.nn.Module):
 
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, attn_fn: Optional[AttnFn] = None,
-                      causal: bool = False, validate: bool = True, chunks=1, wire_dtype=None) -> Tensor:
+                      causal: bool = False, validate: bool = True, chunks=1, wire_dtype=None,
+                      transport: str = "nccl") -> Tensor:
     """Attention over the whole sequence for this rank's shard.
 
     ``q`` ``[rows, H, D]``, ``k``/``v`` ``[rows, H_kv, D]`` (the local rows of
@@ -461,32 +475,41 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, attn_fn: Opti
     ``[S, h, D]`` (default: scaled_dot_product_attention, ``causal`` as
     given). ``chunks`` > 1 splits each rank's heads into that many groups
     and overlaps the exchange of one group with attention on the previous
-    one, both ways (``"auto"``: AUTO_CHUNKS, no split; see its comment). ``wire_dtype`` (fp8) halves the bytes of both
-    exchanges (docs/contract.md). Returns ``[rows, H, D]``."""
+    one, both ways (``"auto"``: AUTO_CHUNKS, no split; see its comment).
+    ``wire_dtype`` (fp8) halves the bytes of both exchanges.
+    ``transport="copy_engine"`` moves the bytes with the GPUs' copy engines
+    instead of NCCL's kernels (one node, peer access; docs/contract.md).
+    Returns ``[rows, H, D]``."""
     if isinstance(chunks, str) and chunks == "auto":
         chunks = AUTO_CHUNKS
-    if chunks == 1:
+    if chunks == 1 and transport == "nccl":
         ql, kl, vl = scatter_heads(q, k, v, group, validate=validate, wire_dtype=wire_dtype)
         out = (attn_fn or sdpa(causal))(ql, kl, vl)
         return gather_heads(out, group, wire_dtype=wire_dtype)
-    return _chunked_attention(q, k, v, group, attn_fn or sdpa(causal), validate, chunks, wire_dtype)
+    return _chunked_attention(q, k, v, group, attn_fn or sdpa(causal), validate, chunks, wire_dtype, transport)
 
 
 def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, validate: bool, chunks,
-                       wire_dtype=None) -> Tensor:
+                       wire_dtype=None, transport: str = "nccl") -> Tensor:
     world, _ = _world(group)
     if validate:  # a wire_dtype (chunks=1 only) fails here on every rank alike
-        chunks = _agree(q, k, v, group, chunks, wire_dtype)
+        chunks = _agree(q, k, v, group, chunks, wire_dtype, transport)
     else:
         _check_local(q, k, v, world)
         chunks = _local_chunks(q.shape[1], k.shape[1], world, chunks)
         _wire_code(wire_dtype, chunks)
+        _transport_code(transport, q, wire_dtype)
+    if transport == "copy_engine" and world > 1:
+        return _peer.attention(q, k, v, group, attn, chunks)
     rows, heads, dim = q.shape
     kv = k.shape[1]
     local_q, split = heads // world, kv >= world
     chunk_q = local_q // chunks
+    chunk_kv = world * (kv // world // chunks) if split else kv
     # chunk c: q heads d * local_q + c * chunk_q + [0, chunk_q) of every destination d
     send = _C._pack_qkv_gqa(q, k, v, world, chunks) if q.is_cuda else _pack_torch(q, k, v, world, chunks)
+    out = torch.empty((rows, heads, dim), dtype=q.dtype, device=q.device)
+    placed = out.view(rows, world, local_q, dim)
     recv = torch.empty_like(send) if world > 1 else send
 
     def exchange(src: Tensor, dst: Tensor):
@@ -499,12 +522,10 @@ def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, val
             inbound.append(exchange(send[c + 1], recv[c + 1]))
         if inbound[c] is not None:
             inbound[c].wait()
-        ql, kl, vl = _unpack(recv[c], world * chunk_q, world * (kv // world // chunks) if split else kv, dim, world)
+        ql, kl, vl = _unpack(recv[c], world * chunk_q, chunk_kv, dim, world)
         o = attn(ql, kl, vl).reshape(world, rows, chunk_q, dim).contiguous()  # [S, chunk_q, D] by source rank
         back.append(torch.empty_like(o) if world > 1 else o)
         outbound.append(exchange(o, back[c]))
-    out = torch.empty((rows, heads, dim), dtype=q.dtype, device=q.device)
-    placed = out.view(rows, world, local_q, dim)
     for c in range(chunks):
         if outbound[c] is not None:
             outbound[c].wait()
@@ -516,11 +537,11 @@ class UlyssesAttention(torch.nn.Module):
     """Module form of :func:`ulysses_attention`."""
 
     def __init__(self, group=None, attn_fn: Optional[AttnFn] = None, causal: bool = False, validate: bool = True,
-                 chunks=1, wire_dtype=None):
+                 chunks=1, wire_dtype=None, transport: str = "nccl"):
         super().__init__()
         self.group, self.attn_fn, self.causal, self.validate = group, attn_fn, causal, validate
-        self.chunks, self.wire_dtype = chunks, wire_dtype
+        self.chunks, self.wire_dtype, self.transport = chunks, wire_dtype, transport
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return ulysses_attention(q, k, v, self.group, self.attn_fn, self.causal, self.validate, self.chunks,
-                                 self.wire_dtype)
+                                 self.wire_dtype, self.transport)

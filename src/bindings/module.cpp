@@ -9,6 +9,7 @@ void init_build_info(nb::module_& m);
 void init_usp_merge_heads(nb::module_& m);
 void init_rope_pool(nb::module_& m);
 void init_wire(nb::module_& m);
+void init_peer(nb::module_& m);
 }  // namespace attnprep::bindings
 
 NB_MODULE(_C, m) {
@@ -18,4 +19,5 @@ NB_MODULE(_C, m) {
   attnprep::bindings::init_usp_merge_heads(m);
   attnprep::bindings::init_rope_pool(m);
   attnprep::bindings::init_wire(m);
+  attnprep::bindings::init_peer(m);
 }

@@ -1,6 +1,7 @@
 """The Ulysses layer captured in a CUDA graph (NCCL collectives are
 capturable) and replayed with fresh inputs, against eager calls on the same
-inputs: unchunked and chunked, bf16 and fp8 on the wire, MHA and GQA (kv
+inputs: unchunked and chunked, bf16 and fp8 on the wire, NCCL and the
+copy-engine transport (its buffers set up by the warm-up call), MHA and GQA (kv
 heads split and replicated). One process per GPU; skipped without two."""
 
 import pytest
@@ -11,7 +12,8 @@ from conftest import nccl_ranks_ok
 
 # (heads, kv heads) per world size: MHA, GQA split across ranks, GQA replicated
 GEOMETRIES = {2: [(8, 8), (8, 4), (8, 1)]}
-VARIANTS = [dict(chunks=1), dict(chunks=2), dict(chunks=1, wire_dtype=torch.float8_e4m3fn)]
+VARIANTS = [dict(chunks=1), dict(chunks=2), dict(chunks=1, wire_dtype=torch.float8_e4m3fn),
+            dict(chunks=1, transport="copy_engine"), dict(chunks=2, transport="copy_engine")]
 
 
 def _graphs(rank, world, device):

@@ -1,0 +1,239 @@
+"""The Ulysses layer's copy-engine transport (``transport="copy_engine"``,
+docs/contract.md).
+
+NCCL's all_to_all runs kernels: beside attention, which fills every
+multiprocessor, they wait for SMs (a kernel launched behind attention gets
+none until attention's last wave) and slow attention down when they get
+them. Here nothing the exchange does needs an SM:
+
+- each rank copies its q, k, v heads for rank d straight from q, k, v into
+  d's receive buffer (one 2-D cudaMemcpyAsync per tensor: rows of a head
+  range; no pack pass), on a side stream: the GPU's copy engines move them;
+- it then writes a flag in d's memory (a stream memory operation, after a
+  fence); d's compute stream waits for that flag before attention on the
+  chunk, and when attention is done writes a flag back into the sender's
+  memory saying the buffer may be written again. Waiting for and writing
+  32-bit words happens in the stream's front end, without a kernel;
+- the way back likewise: each chunk's attention output goes, as it is
+  finished, straight into its owner's output buffer ``[rows, heads, D]``.
+
+The flags are credits, not counters: every call leaves them as it found them,
+so a captured CUDA graph replays the protocol unchanged.
+
+Receive buffers and flags are allocated once per (group, shape, chunks,
+dtype, device) and opened by every other rank through CUDA IPC on the
+shape's first call (a collective; not inside CUDA-graph capture). They are
+kept for the life of the process (a peer's mapping must not outlive the
+memory behind it). Each rank opens its peers' buffers with its own GPU
+current: the copies then run at NVLink speed (src/bindings/peer.cpp).
+
+A rank that stops half-way through a call (an exception in ``attn_fn``, a
+killed process) leaves its peers' streams waiting for its flags; the layer's
+checks run on every rank before anything is sent, so bad input fails
+everywhere alike first.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import _C
+
+NEEDS = "ulysses: transport=\"copy_engine\" needs CUDA tensors and wire_dtype=None"
+SET_UP_FIRST = ("ulysses: transport=\"copy_engine\" sets up its buffers on a shape's first call; "
+                "make one call before capturing")
+
+# the flag arrays, [4, chunks, world] int32 per rank: flag[kind, c, s] concerns chunk c and peer s
+READY_IN, FREE_IN, READY_BACK, FREE_BACK = range(4)
+
+
+def no_peer_access(rank: int, why: str) -> str:
+    return (f"ulysses: transport=\"copy_engine\" needs every rank's GPU on one node with peer access "
+            f"(rank {rank}: {why})")
+
+
+# A peer allocation is opened once per process and device: two buffers may
+# share one allocation of the peer's caching allocator.
+_OPENED: Dict[Tuple[bytes, int], int] = {}
+
+
+def _open(handle: bytes, device: int) -> int:
+    key = (handle, device)
+    if key not in _OPENED:
+        _OPENED[key] = _C._ipc_open(handle, device)
+    return _OPENED[key]
+
+
+def open_peers(group, tensors: List[Tensor]) -> List[List[int]]:
+    """For each of this rank's ``tensors`` (one per buffer, the same list on
+    every rank), every rank's copy's device address as this process sees it:
+    ``[buffer][rank]``. A collective; every rank raises the same ValueError
+    when some rank cannot open some peer's memory."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    device = tensors[0].device.index
+    torch.cuda.synchronize(device)  # the buffers' initial contents are in place before peers may write
+    offers: List = [None] * world
+    dist.all_gather_object(offers, (device, [_C._ipc_export(t.data_ptr(), device) for t in tensors]), group=group)
+    addr = [[0] * world for _ in tensors]
+    why = ""
+    try:
+        for r, (peer_device, exported) in enumerate(offers):
+            if r != rank and not _C._peer_access(device, peer_device):
+                raise RuntimeError(f"GPU {device} cannot access GPU {peer_device}")
+            for i, (handle, offset) in enumerate(exported):
+                addr[i][r] = tensors[i].data_ptr() if r == rank else _open(handle, device) + offset
+    except Exception as e:  # noqa: BLE001 (any failure to open a peer means the transport cannot run)
+        why = str(e) or type(e).__name__
+    verdicts: List = [None] * world
+    dist.all_gather_object(verdicts, why, group=group)
+    for r, text in enumerate(verdicts):
+        if text:
+            raise ValueError(no_peer_access(r, text))
+    return addr
+
+
+class Mailbox:
+    """One rank's receive side for one layer shape: ``inbox`` (per chunk: q,
+    then k, then v, each ``[world * rows, heads, D]`` by source rank, what
+    attention reads), ``outbox`` (``[rows, heads, D]``: the layer's output,
+    written by every rank), and the flags; with every rank's addresses of
+    all three."""
+
+    def __init__(self, group, chunk_numel: int, chunks: int, out_shape: Tuple[int, ...], dtype, device):
+        self.world, self.rank, self.chunks = dist.get_world_size(group), dist.get_rank(group), chunks
+        self.inbox = torch.empty(chunks * chunk_numel, dtype=dtype, device=device)
+        self.outbox = torch.empty(out_shape, dtype=dtype, device=device)
+        self.flags = torch.zeros(4, chunks, self.world, dtype=torch.int32, device=device)
+        self.flags[FREE_IN] = 1
+        self.flags[FREE_BACK] = 1
+        self.inbox_at, self.outbox_at, self.flags_at = open_peers(group, [self.inbox, self.outbox, self.flags])
+
+    def flag(self, owner: int, kind: int, chunk: int, peer: int) -> int:
+        """The address of rank ``owner``'s flag[kind, chunk, peer]."""
+        return self.flags_at[owner] + ((kind * self.chunks + chunk) * self.world + peer) * 4
+
+
+_BOXES: Dict[tuple, Mailbox] = {}
+_STREAMS: Dict[Tuple[int, str], torch.cuda.Stream] = {}
+
+
+def _stream(device: torch.device, role: str, priority: int = -1) -> torch.cuda.Stream:
+    """One stream per device and role: "in" and "out" carry the copies (high
+    priority: should the driver carry out a same-GPU copy with a kernel, its
+    blocks go ahead of attention's waiting ones); "attend" runs every other
+    chunk's attention, so that a chunk's first blocks fill the SMs that the
+    previous chunk's last blocks leave idle."""
+    if (device.index, role) not in _STREAMS:
+        _STREAMS[device.index, role] = torch.cuda.Stream(device, priority=priority)
+    return _STREAMS[device.index, role]
+
+
+def _rows_2d(t: Tensor) -> Tensor:
+    """t ``[rows, heads, D]`` with each row's heads adjacent (one 2-D copy takes a head range of every row)."""
+    return t if t.shape[1] <= 1 or t.stride(1) == t.shape[2] else t.contiguous()
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: int) -> Tensor:
+    """The Ulysses layer over the copy engines (see the module docstring);
+    the checks have passed on every rank. Chunk c of destination d: q heads
+    d * local_q + c * chunk_q + [0, chunk_q), kv heads likewise (split) or
+    kv head d * kv / world (replicated)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    rows, heads, dim = q.shape
+    kv = k.shape[1]
+    device, elt = q.device, q.element_size()
+    dev = device.index
+    local_q, split = heads // world, kv >= world
+    chunk_q = local_q // chunks
+    chunk_kv = kv // world // chunks if split else 1
+    n_q, n_kv = world * rows * chunk_q * dim, world * rows * chunk_kv * dim
+    chunk_numel = n_q + 2 * n_kv
+    key = (id(group), rows, heads, kv, dim, chunks, q.dtype, dev)
+    if key not in _BOXES:
+        if torch.cuda.is_current_stream_capturing():
+            raise ValueError(SET_UP_FIRST)
+        _BOXES[key] = Mailbox(group, chunk_numel, chunks, (rows, heads, dim), q.dtype, device)
+    box = _BOXES[key]
+    q, k, v = _rows_2d(q), _rows_2d(k), _rows_2d(v)
+    compute = torch.cuda.current_stream(device)
+    inbound, outbound = _stream(device, "in"), _stream(device, "out")
+    attend = [compute, _stream(device, "attend", 0)]
+    peers = [d for d in range(world) if d != rank]
+
+    def copy_rows(dst: int, dpitch: int, src: Tensor, head: int, n: int):
+        """rows x heads [head, head + n) of src (all D) to dst, rows dpitch bytes apart."""
+        _C._peer_copy_2d(dst, dpitch, src.data_ptr() + head * src.stride(1) * elt, src.stride(0) * elt,
+                         n * dim * elt, rows, dev)
+
+    def send_in(c: int) -> torch.cuda.Event:
+        """Chunk c of q, k, v to every rank (this one's block last: the peers' bytes start moving first)."""
+        with torch.cuda.stream(inbound):
+            for d in peers + [rank]:
+                if d != rank:  # d has read the previous call's chunk c
+                    _C._stream_wait(box.flag(rank, FREE_IN, c, d), 1, dev)
+                    _C._stream_write(box.flag(rank, FREE_IN, c, d), 0, dev)
+                at = box.inbox_at[d] + c * chunk_numel * elt
+                kv_head = d * (kv // world) + c * chunk_kv if split else d * kv // world
+                copy_rows(at + rank * rows * chunk_q * dim * elt, chunk_q * dim * elt, q,
+                          d * local_q + c * chunk_q, chunk_q)
+                copy_rows(at + (n_q + rank * rows * chunk_kv * dim) * elt, chunk_kv * dim * elt, k, kv_head, chunk_kv)
+                copy_rows(at + (n_q + n_kv + rank * rows * chunk_kv * dim) * elt, chunk_kv * dim * elt, v, kv_head,
+                          chunk_kv)
+                if d != rank:
+                    _C._stream_write(box.flag(d, READY_IN, c, rank), 1, dev)
+            done = torch.cuda.Event()
+            done.record(inbound)
+        return done
+
+    def send_back(c: int, o: Tensor):
+        """Chunk c's attention output, rows of source d, into d's outbox."""
+        with torch.cuda.stream(outbound):
+            for d in peers + [rank]:
+                if d != rank:  # d has taken the previous call's output out of its outbox
+                    _C._stream_wait(box.flag(rank, FREE_BACK, c, d), 1, dev)
+                    _C._stream_write(box.flag(rank, FREE_BACK, c, d), 0, dev)
+                _C._peer_copy_2d(box.outbox_at[d] + (rank * local_q + c * chunk_q) * dim * elt, heads * dim * elt,
+                                 o.data_ptr() + d * rows * o.stride(0) * elt, o.stride(0) * elt, chunk_q * dim * elt,
+                                 rows, dev)
+                if d != rank:
+                    _C._stream_write(box.flag(d, READY_BACK, c, rank), 1, dev)
+
+    # q, k, v are written, and this rank's reads of its boxes in its last call are done
+    for s in [inbound, outbound, attend[1]]:
+        s.wait_stream(compute)
+    for t in (q, k, v):
+        t.record_stream(inbound)
+    arrived = [send_in(0)]
+    for c in range(chunks):
+        stream = attend[c % 2]
+        with torch.cuda.stream(stream):
+            stream.wait_event(arrived[c])
+            for s in peers:
+                _C._stream_wait(box.flag(rank, READY_IN, c, s), 1, dev)
+                _C._stream_write(box.flag(rank, READY_IN, c, s), 0, dev)
+            x = box.inbox[c * chunk_numel:(c + 1) * chunk_numel]
+            o = attn(x[:n_q].view(world * rows, chunk_q, dim), x[n_q:n_q + n_kv].view(world * rows, chunk_kv, dim),
+                     x[n_q + n_kv:].view(world * rows, chunk_kv, dim))
+            for s in peers:  # chunk c of s's bytes is read: s may write it again
+                _C._stream_write(box.flag(s, FREE_IN, c, rank), 1, dev)
+            o = _rows_2d(o)
+        if c + 1 < chunks:  # enqueued after this chunk's attention: the host stays ahead of the GPU
+            arrived.append(send_in(c + 1))
+        outbound.wait_stream(stream)
+        o.record_stream(outbound)
+        send_back(c, o)
+    compute.wait_stream(outbound)
+    compute.wait_stream(attend[1])
+    for c in range(chunks):
+        for s in peers:
+            _C._stream_wait(box.flag(rank, READY_BACK, c, s), 1, dev)
+            _C._stream_write(box.flag(rank, READY_BACK, c, s), 0, dev)
+    out = box.outbox.clone()
+    for c in range(chunks):
+        for s in peers:
+            _C._stream_write(box.flag(s, FREE_BACK, c, rank), 1, dev)
+    return out

@@ -1,0 +1,77 @@
+"""The Ulysses layer's copy-engine transport (transport="copy_engine"): bit
+for bit the NCCL transport's result, chunked or not, MHA and GQA (split and
+replicated kv heads), contiguous and strided inputs, odd rows, on repeated
+calls (the receive buffers and flags reused); its checks on every rank alike. The transport needs
+GPUs: on CPU only the checks run (gloo ranks)."""
+
+import pytest
+import torch
+
+from attnprep import ulysses
+from conftest import assert_ranks_ok, nccl_ranks_ok, run_rank
+
+BAD_TRANSPORT = "ulysses: transport must be \"nccl\" or \"copy_engine\""
+NEEDS = "ulysses: transport=\"copy_engine\" needs CUDA tensors and wire_dtype=None"
+
+
+def _checks(rank, world, device):
+    rows, dim = 3, 8
+    q, k, v = (torch.randn(rows, n, dim, device=device) for n in (2 * world, world, world))
+    cases = [(dict(transport="rdma"), BAD_TRANSPORT), (dict(transport=None), BAD_TRANSPORT)]
+    if device.type == "cpu":
+        cases.append((dict(transport="copy_engine"), NEEDS))
+    else:
+        cases.append((dict(transport="copy_engine", wire_dtype=torch.float8_e4m3fn), NEEDS))
+    for kw, msg in cases:
+        for validate in (True, False):
+            try:
+                ulysses.ulysses_attention(q, k, v, validate=validate, **kw)
+                return f"no error for {kw}"
+            except ValueError as e:
+                want = f"ulysses: rank 0: {msg}" if validate else msg
+                if str(e) != want:
+                    return f"{kw}, validate={validate}: {e}"
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_gloo_transport_checks(world):
+    assert_ranks_ok(run_rank, world, "gloo", _checks)
+
+
+def _same_as_nccl(rank, world, device):
+    dim = 64
+    for rows, heads, kv in [(40, 8, 8), (17, 8, 4), (40, 8, 1), (1, 4, 1)]:
+        for chunks in (1, 2):
+            for call in range(3):  # later calls reuse the receive buffers and flags
+                g = torch.Generator().manual_seed(1000 * call + 10 * heads + kv + rank)
+                # call 1: q, k, v are slices of one fused projection (rows strided, heads adjacent);
+                # call 2: heads not adjacent (a transposed view)
+                fused = torch.randn(rows, (heads + 2 * kv) * dim, generator=g).to(torch.bfloat16).to(device)
+                q, k, v = (t.view(rows, -1, dim) for t in fused.split([heads * dim, kv * dim, kv * dim], -1))
+                if call == 0:
+                    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+                if call == 2:
+                    q = q.transpose(0, 1).contiguous().transpose(0, 1)
+                got = ulysses.ulysses_attention(q, k, v, causal=True, chunks=chunks, transport="copy_engine")
+                want = ulysses.ulysses_attention(q, k, v, causal=True, chunks=chunks)
+                torch.cuda.synchronize()
+                if not torch.equal(got, want):
+                    err = (got.float() - want.float()).abs().max().item()
+                    return f"({rows}, {heads}, {kv}, chunks {chunks}, call {call}): differs from NCCL by {err}"
+    # ranks that disagree on the transport all raise the same error
+    q, k, v = (torch.randn(rows, 8, dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    try:
+        ulysses.ulysses_attention(q, k, v, transport="copy_engine" if rank == 0 else "nccl")
+        return "no error for transports that differ"
+    except ValueError as e:
+        want = "ulysses: every rank must pass the same transport, got [copy_engine, " + \
+            ", ".join("nccl" for _ in range(world - 1)) + "]"
+        if str(e) != want:
+            return str(e)
+    return _checks(rank, world, device)
+
+
+@pytest.mark.parametrize("world", [2])
+def test_nccl_copy_engine_equals_nccl_transport(world):
+    nccl_ranks_ok(world, _same_as_nccl)
