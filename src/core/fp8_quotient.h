@@ -47,13 +47,15 @@ struct Fp8Quotient {
 
   // The IEEE quotient x / scale (for fast scales: up to the underflow case
   // above). Infinities and NaN pass through the first product unchanged.
-  ATTNPREP_HD float operator()(float x) const {
-    if (!fast) return fp32::div(x, scale);
+  ATTNPREP_HD float operator()(float x) const { return fast ? by_reciprocal(x) : by_division(x); }
+  // The two paths, for callers that branch once for many values.
+  ATTNPREP_HD float by_reciprocal(float x) const {
     const float q = fp32::mul(x, recip);
     const float minus_rem = fp32::fma(q, scale, -x);  // q scale - x, exact
     const float corrected = fp32::fma(-minus_rem, recip, q);
     return fabsf(q) < INFINITY ? corrected : q;  // inf or NaN: the remainder is NaN
   }
+  ATTNPREP_HD float by_division(float x) const { return fp32::div(x, scale); }
 };
 
 }  // namespace attnprep::core

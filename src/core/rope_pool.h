@@ -148,6 +148,13 @@ inline bool rope_norm_in_rotation_kernel(const RopePoolParams& p) {
          (items & (items - 1)) == 0;
 }
 
+// The shape the CUDA rotation kernel has an instantiation for: NeoX pairs,
+// the whole head rotated, `vector` elements per access, and v items of two
+// groups half a head apart (core::make_rope_pool_params).
+inline bool rope_neox_full(const RopePoolParams& p, int32_t vector) {
+  return p.is_neox && p.rotary_dim == p.head_dim && p.width == vector && 2 * p.v_items_per_head * vector == p.head_dim;
+}
+
 // The items of a token that each of its `splits` blocks serves (block b:
 // [b * n, min(n_all, (b + 1) * n))): an even share, rounded up to whole
 // heads of `lanes` items when the rotation kernel does the QK norm (1

@@ -56,9 +56,8 @@ struct Group {
 // quotient) rounded to nearest even and saturated to the format's finite
 // range, stored as N bytes (one access when N > 1: the plan aligns fp8 pool
 // rows to the group size). Pairs convert in one instruction.
-template <typename T, int N>
-__device__ __forceinline__ void store_fp8(const Group<T, N>& g, unsigned char* dst, const core::Fp8Quotient& q,
-                                          int kind) {
+template <typename T, int N, typename Quotient>
+__device__ __forceinline__ void store_fp8_with(const Group<T, N>& g, unsigned char* dst, Quotient quotient, int kind) {
   const __nv_fp8_interpretation_t fmt = kind == 1 ? __NV_E4M3 : __NV_E5M2;
   // packed in registers, four bytes to a word (a local byte array would go to the stack)
   uint32_t word[(N + 3) / 4] = {};
@@ -66,13 +65,13 @@ __device__ __forceinline__ void store_fp8(const Group<T, N>& g, unsigned char* d
 #pragma unroll
     for (int j = 0; j < N / 2; ++j) {
       const float2 x = g.get2(j);
-      const uint32_t b2 = __nv_cvt_float2_to_fp8x2(make_float2(q(x.x), q(x.y)), __NV_SATFINITE, fmt);
+      const uint32_t b2 = __nv_cvt_float2_to_fp8x2(make_float2(quotient(x.x), quotient(x.y)), __NV_SATFINITE, fmt);
       word[j / 2] |= b2 << (16 * (j % 2));
     }
   } else {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      const uint32_t b = __nv_cvt_float_to_fp8(q(to_float(g.e[i])), __NV_SATFINITE, fmt);
+      const uint32_t b = __nv_cvt_float_to_fp8(quotient(to_float(g.e[i])), __NV_SATFINITE, fmt);
       word[i / 4] |= b << (8 * (i % 4));
     }
   }
@@ -84,6 +83,15 @@ __device__ __forceinline__ void store_fp8(const Group<T, N>& g, unsigned char* d
 #pragma unroll
     for (int i = 0; i < N; ++i) dst[i] = static_cast<unsigned char>(word[i / 4] >> (8 * (i % 4)));
   }
+}
+// The quotient's path chosen once for the group, not per value.
+template <typename T, int N>
+__device__ __forceinline__ void store_fp8(const Group<T, N>& g, unsigned char* dst, const core::Fp8Quotient& q,
+                                          int kind) {
+  if (q.fast)
+    store_fp8_with(g, dst, [&](float x) { return q.by_reciprocal(x); }, kind);
+  else
+    store_fp8_with(g, dst, [&](float x) { return q.by_division(x); }, kind);
 }
 
 __device__ __forceinline__ int64_t read_index(const void* p, int64_t i, int is64) {

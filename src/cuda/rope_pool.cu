@@ -22,7 +22,11 @@ constexpr int kThreads = Policy::max_threads;
 
 // One work item: up to two groups of W elements of one head (lo, and hi when
 // `two`), where they come from and go to, and which frequencies rotate them.
-template <typename T, int W>
+// kNeoxFull: the common shape, known at compile time (NeoX pairs, the whole
+// head rotated, v items two groups half a head apart: core::rope_neox_full):
+// q and k items are then always NeoX pairs with an output row, v items two
+// groups, and the run-time tests of `kind`, `two` and `dst` go away.
+template <typename T, int W, bool kNeoxFull = false>
 struct Item {
   enum Kind { kNeox, kGptj, kCopy };
   Kind kind = kCopy;
@@ -40,6 +44,32 @@ struct Item {
                                          const core::RopeCudaIndex& ix, int64_t t, int item, int n_qk) {
     constexpr int F = W == 1 ? 1 : W / 2;
     const int half = p.rotary_dim / 2;
+    if constexpr (kNeoxFull) {
+      is_v = item >= n_qk;
+      if (is_v) {
+        const int r = item - n_qk;
+        head = static_cast<int>(ix.v_items.div(static_cast<uint32_t>(r)));
+        lo_off = (r - head * p.v_items_per_head) * W;
+        hi_off = lo_off + p.v_items_per_head * W;
+        is_q = false;
+        src = static_cast<const T*>(ptr.v) + t * p.v_stride_token + head * p.v_stride_head;
+        return;
+      }
+      head = static_cast<int>(ix.qk_items.div(static_cast<uint32_t>(item)));
+      freq = (item - head * p.qk_items_per_head) * W;
+      lo_off = freq;
+      hi_off = half + freq;
+      is_q = head < p.num_qo_heads;
+      if (is_q) {
+        src = static_cast<const T*>(ptr.q) + t * p.q_stride_token + head * p.q_stride_head;
+        dst = static_cast<T*>(ptr.q_rot) + t * p.qo_stride_token + head * p.qo_stride_head;
+      } else {
+        head -= p.num_qo_heads;
+        src = static_cast<const T*>(ptr.k) + t * p.k_stride_token + head * p.k_stride_head;
+        dst = static_cast<T*>(ptr.k_rot) + t * p.ko_stride_token + head * p.ko_stride_head;
+      }
+      return;
+    }
     // A thread reuses one Item for all its items: reset what a branch below
     // may leave unset.
     is_q = false;
@@ -91,9 +121,15 @@ struct Item {
     }
   }
 
+  // What locate decided, at compile time where kNeoxFull knows it.
+  __device__ __forceinline__ bool has_hi() const { return kNeoxFull || two; }
+  __device__ __forceinline__ bool neox() const { return kNeoxFull ? !is_v : kind == kNeox; }
+  __device__ __forceinline__ bool gptj() const { return !kNeoxFull && kind == kGptj; }
+  __device__ __forceinline__ bool has_dst() const { return kNeoxFull ? !is_v : dst != nullptr; }
+
   __device__ __forceinline__ void load() {
     lo.load(src + lo_off);
-    if (two) hi.load(src + hi_off);
+    if (has_hi()) hi.load(src + hi_off);
   }
   // fp8 pools: the dequantization scale of the item's pool row, read right
   // after its loads so that the round trip overlaps theirs (read where the
@@ -106,7 +142,7 @@ struct Item {
   // Asks L2 for the item's lines now; a later load() then hits L2.
   __device__ __forceinline__ void prefetch() const {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + lo_off));
-    if (two) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + hi_off));
+    if (has_hi()) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + hi_off));
   }
   // kNorm: 1/sqrt(mean square + eps) of this item's head. The item's groups
   // are whole blocks of the pairwise sum (core::rope_norm_in_rotation_kernel):
@@ -117,7 +153,7 @@ struct Item {
   __device__ __forceinline__ float head_norm_factor(const RopePoolParams& p, int lanes, float inv_head_dim,
                                                     bool active) const {
     float lo_sum = active ? group_squares(lo) : 0.f;
-    float hi_sum = active && kind == kNeox ? group_squares(hi) : 0.f;
+    float hi_sum = active && neox() ? group_squares(hi) : 0.f;
     for (int off = 1; off < lanes; off *= 2) {
       lo_sum = __fadd_rn(lo_sum, __shfl_xor_sync(0xffffffffu, lo_sum, off));
       hi_sum = __fadd_rn(hi_sum, __shfl_xor_sync(0xffffffffu, hi_sum, off));
@@ -138,10 +174,10 @@ struct Item {
       if (!is_v && (is_q ? p.norm_q : p.norm_k)) {
         const float* wh = w + (is_q ? 0 : kNormWeightsK);
         normalize_group<kNorm>(lo, wh + lo_off, inv);
-        if (two) normalize_group<kNorm>(hi, wh + hi_off, inv);
+        if (has_hi()) normalize_group<kNorm>(hi, wh + hi_off, inv);
       }
     }
-    if (kind == kNeox) {
+    if (neox()) {
       if constexpr (W == 1) {
         rotate(lo.e[0], hi.e[0], cs[freq]);
       } else {
@@ -153,7 +189,7 @@ struct Item {
           hi.set2(j, rotate_second(a.x, b.x, r0), rotate_second(a.y, b.y, r1));
         }
       }
-    } else if (kind == kGptj) {
+    } else if (gptj()) {
       if constexpr (W == 1) {
         rotate(lo.e[0], hi.e[0], cs[freq]);
       } else {
@@ -164,21 +200,21 @@ struct Item {
         }
       }
     }
-    if (dst) {
+    if (has_dst()) {
       lo.store(dst + lo_off);
-      if (two) hi.store(dst + hi_off);
+      if (has_hi()) hi.store(dst + hi_off);
     }
     if (write_pool && !is_q) {
       const int64_t row = pool_row(p, ix.page, slot, head, is_v);
       if constexpr (!kFp8) {
         T* pool = static_cast<T*>(is_v ? ptr.v_pool : ptr.k_pool) + row;
         lo.store(pool + lo_off);
-        if (two) hi.store(pool + hi_off);
+        if (has_hi()) hi.store(pool + hi_off);
       } else {
         unsigned char* pool = static_cast<unsigned char*>(is_v ? ptr.v_pool : ptr.k_pool) + row;
         const core::Fp8Quotient quotient(scale);
         store_fp8(lo, pool + lo_off, quotient, p.pool_fp8);
-        if (two) store_fp8(hi, pool + hi_off, quotient, p.pool_fp8);
+        if (has_hi()) store_fp8(hi, pool + hi_off, quotient, p.pool_fp8);
       }
     }
   }
@@ -192,11 +228,11 @@ struct Item {
 };
 
 // Asks L2 for item `item` of token t (when the block has it).
-template <typename T, int W>
+template <typename T, int W, bool kNeoxFull>
 __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const RopePoolPointers& ptr,
                                               const core::RopeCudaIndex& ix, int64_t t, int item, int end, int n_qk) {
   if (item < end) {
-    Item<T, W> ahead;
+    Item<T, W, kNeoxFull> ahead;
     ahead.locate(p, ptr, ix, t, item, n_qk);
     ahead.prefetch();
   }
@@ -213,7 +249,7 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // block with its 1 KB inv_freq table last, so that the fields every block
 // reads share the first cache lines of the parameter bank, which is cold at
 // each launch.
-template <typename T, int W, int kAhead, bool kFp8, int kNorm>
+template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull>
 __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_blocks_per_sm
                                                              : Policy::min_blocks_per_sm)
     rope_pool_kernel(const RopePoolPointers ptr, const core::RopeCudaIndex ix,
@@ -241,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_
   // One item in flight per thread, its loads issued before the cos/sin table
   // so they overlap that work and the round trip for the position. (Two
   // items in flight need more registers than the occupancy target allows.)
-  Item<T, W> it;
+  Item<T, W, kNeoxFull> it;
   int item = slice * per_block + threadIdx.x;
   if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
   const float first_inv_freq = !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
@@ -259,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_
     scale = it.template pool_scale_of<kFp8>(p, ptr);
   }
 #pragma unroll
-  for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
+  for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
   NormWeightBits first_w;  // the norm weights, staged around the table (start_norm_weights)
   if constexpr (kNorm != kNoNorm) first_w = start_norm_weights<T>(p, ptr);
   // One table per block, behind one barrier: a table per warp would repeat
@@ -286,35 +322,46 @@ __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_
       it.locate(p, ptr, ix, t, item, n_qk);
       it.load();
       scale = it.template pool_scale_of<kFp8>(p, ptr);
-      if constexpr (kAhead > 0) prefetch_item<T, W>(p, ptr, ix, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
+      if constexpr (kAhead > 0) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
     }
   }
 }
 
-template <typename T, bool kFp8>
-cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaStream_t stream) {
+template <typename T, bool kFp8, bool kNeoxFull>
+cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaStream_t stream) {
   const bool norm = p.norm_q || p.norm_k;
   const core::RopeCudaLaunch shape = core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(shape.splits));
   const dim3 block(shape.threads);
   constexpr int V = 16 / sizeof(T);
   constexpr int kAhead = Policy::prefetch_rounds_ahead;
+  constexpr bool kF = kNeoxFull;
   const core::RopeCudaIndex ix = core::plan_rope_cuda_index(p, shape.splits, norm ? p.qk_items_per_head : 1);
   if (norm) {  // only where core::rope_norm_in_rotation_kernel (so p.width == V)
     constexpr int kRound = kNormRoundThenWeight, kOffset = kNormOffsetWeight;
     const bool round_first = norm_mode(p) == kNormRoundThenWeight;
     if (shape.several_rounds)
-      return round_first ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound>, grid, block, stream, ptrs, ix, p)
-                         : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset>, grid, block, stream, ptrs, ix, p);
-    return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound>, grid, block, stream, ptrs, ix, p)
-                       : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset>, grid, block, stream, ptrs, ix, p);
+      return round_first
+                 ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF>, grid, block, stream, ptrs, ix, p)
+                 : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset, kF>, grid, block, stream, ptrs, ix, p);
+    return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF>, grid, block, stream, ptrs, ix, p)
+                       : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF>, grid, block, stream, ptrs, ix, p);
   }
-  if (p.width == 1) return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8, kNoNorm>, grid, block, stream, ptrs, ix, p);
+  if constexpr (!kNeoxFull) {
+    if (p.width == 1)
+      return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8, kNoNorm, false>, grid, block, stream, ptrs, ix, p);
+  }
   // One round per block (small calls, split tokens): nothing to ask for
   // ahead, and the instantiation without the prefetch is leaner.
   if (shape.several_rounds)
-    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kNoNorm>, grid, block, stream, ptrs, ix, p);
-  return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kNoNorm>, grid, block, stream, ptrs, ix, p);
+    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kNoNorm, kF>, grid, block, stream, ptrs, ix, p);
+  return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kNoNorm, kF>, grid, block, stream, ptrs, ix, p);
+}
+
+template <typename T, bool kFp8>
+cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaStream_t stream) {
+  return core::rope_neox_full(p, 16 / sizeof(T)) ? launch_shape<T, kFp8, true>(p, ptrs, stream)
+                                                 : launch_shape<T, kFp8, false>(p, ptrs, stream);
 }
 
 }  // namespace
