@@ -216,11 +216,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
                 _C._stream_wait(box.flag(rank, READY_IN, c, s), 1, dev)
                 _C._stream_write(box.flag(rank, READY_IN, c, s), 0, dev)
             x = box.inbox[c * chunk_numel:(c + 1) * chunk_numel]
-            o = attn(x[:n_q].view(world * rows, chunk_q, dim), x[n_q:n_q + n_kv].view(world * rows, chunk_kv, dim),
-                     x[n_q + n_kv:].view(world * rows, chunk_kv, dim))
-            for s in peers:  # chunk c of s's bytes is read: s may write it again
-                _C._stream_write(box.flag(s, FREE_IN, c, rank), 1, dev)
-            o = _rows_2d(o)
+            try:
+                o = attn(x[:n_q].view(world * rows, chunk_q, dim),
+                         x[n_q:n_q + n_kv].view(world * rows, chunk_kv, dim),
+                         x[n_q + n_kv:].view(world * rows, chunk_kv, dim))
+            finally:  # also when attn raises (on every rank alike), so that the flags stay as a call leaves them
+                for s in peers:  # chunk c of s's bytes is read: s may write it again
+                    _C._stream_write(box.flag(s, FREE_IN, c, rank), 1, dev)
+            o = _rows_2d(o if o.dtype == q.dtype else o.to(q.dtype))  # the output is q's dtype, as over NCCL
         if c + 1 < chunks:  # enqueued after this chunk's attention: the host stays ahead of the GPU
             arrived.append(send_in(c + 1))
         outbound.wait_stream(stream)

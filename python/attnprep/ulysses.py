@@ -484,9 +484,25 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, attn_fn: Opti
         chunks = AUTO_CHUNKS
     if chunks == 1 and transport == "nccl":
         ql, kl, vl = scatter_heads(q, k, v, group, validate=validate, wire_dtype=wire_dtype)
-        out = (attn_fn or sdpa(causal))(ql, kl, vl)
+        out = _checked(attn_fn or sdpa(causal))(ql, kl, vl)
         return gather_heads(out, group, wire_dtype=wire_dtype)
-    return _chunked_attention(q, k, v, group, attn_fn or sdpa(causal), validate, chunks, wire_dtype, transport)
+    return _chunked_attention(q, k, v, group, _checked(attn_fn or sdpa(causal)), validate, chunks, wire_dtype,
+                              transport)
+
+
+def _checked(attn: AttnFn) -> AttnFn:
+    """attn, its result checked before anything reads it: a tensor of its q's
+    shape on q's device (the exchange back sizes its copies by q; anything
+    else would read past the result or hang the ranks on mismatched
+    collectives)."""
+    def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        o = attn(q, k, v)
+        if not (isinstance(o, Tensor) and o.shape == q.shape and o.device == q.device):
+            got = f"{o.shape} on {o.device}" if isinstance(o, Tensor) else type(o).__name__
+            raise ValueError(f"ulysses: attn_fn must return a tensor shaped like its q, {q.shape} on {q.device}, "
+                             f"got {got}")
+        return o
+    return run
 
 
 def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, validate: bool, chunks,

@@ -84,3 +84,39 @@ def test_nccl_chunked_layer_equals_attention_reference(world):
     if world not in CASES:
         pytest.skip(f"no cases for {world} ranks")
     nccl_ranks_ok(world, _worker)
+
+
+def _attn_result_checked(rank, world, device, transport="nccl"):
+    """An attn_fn that returns the wrong shape, a flat tensor or no tensor:
+    every rank raises the documented error before anything reads the result,
+    chunked or not, and the layer works afterwards."""
+    rows, heads, dim = 5, 4 * world, 16
+    dtype = torch.float64 if device.type == "cpu" else torch.bfloat16
+    q, k, v = (torch.randn(rows, heads, dim, dtype=dtype, device=device) for _ in range(3))
+    for chunks in (1, 2):
+        shape = torch.Size([world * rows, heads // world // chunks, dim])
+        bad = [(lambda q_, k_, v_: q_[:, :1], f"{torch.Size([shape[0], 1, dim])} on {device}"),
+               (lambda q_, k_, v_: q_.reshape(-1), f"{torch.Size([shape.numel()])} on {device}"),
+               (lambda q_, k_, v_: None, "NoneType")]
+        for fn, got in bad:
+            try:
+                ulysses.ulysses_attention(q, k, v, attn_fn=fn, chunks=chunks, transport=transport)
+                return f"chunks {chunks}: no error"
+            except ValueError as e:
+                want = f"ulysses: attn_fn must return a tensor shaped like its q, {shape} on {device}, got {got}"
+                if str(e) != want:
+                    return f"chunks {chunks}: {e!s} != {want}"
+        out = ulysses.ulysses_attention(q, k, v, chunks=chunks, transport=transport)
+        if not torch.equal(out, ulysses.ulysses_attention(q, k, v, chunks=chunks)):
+            return f"chunks {chunks}: differs after the errors"
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_gloo_attn_result_checked(world):
+    assert_ranks_ok(run_rank, world, "gloo", _attn_result_checked)
+
+
+@pytest.mark.parametrize("transport", ["nccl", "copy_engine"])
+def test_nccl_attn_result_checked(transport):
+    nccl_ranks_ok(2, _attn_result_checked, transport)
