@@ -112,7 +112,7 @@ def _attn_result_checked(rank, world, device, transport="nccl"):
     return "ok"
 
 
-@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_gloo_attn_result_checked(world):
     assert_ranks_ok(run_rank, world, "gloo", _attn_result_checked)
 

@@ -34,7 +34,7 @@ def _checks(rank, world, device):
     return "ok"
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_gloo_transport_checks(world):
     assert_ranks_ok(run_rank, world, "gloo", _checks)
 
