@@ -27,10 +27,11 @@ kept for the life of the process (a peer's mapping must not outlive the
 memory behind it). Each rank opens its peers' buffers with its own GPU
 current: the copies then run at NVLink speed (src/bindings/peer.cpp).
 
-A rank that stops half-way through a call (an exception in ``attn_fn``, a
-killed process) leaves its peers' streams waiting for its flags; the layer's
-checks run on every rank before anything is sent, so bad input fails
-everywhere alike first.
+A rank that stops half-way through a call on its own (a killed process, an
+``attn_fn`` that fails on that rank only) leaves its peers' streams waiting
+for its flags; the layer's checks run on every rank before anything is
+sent, so bad input fails everywhere alike first, and an ``attn_fn`` that
+raises on every rank leaves the flags as a call leaves them.
 """
 
 from __future__ import annotations
