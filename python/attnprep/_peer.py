@@ -208,36 +208,51 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
         s.wait_stream(compute)
     for t in (q, k, v):
         t.record_stream(inbound)
-    arrived = [send_in(0)]
-    for c in range(chunks):
-        stream = attend[c % 2]
-        with torch.cuda.stream(stream):
-            stream.wait_event(arrived[c])
+    def collect(sent: int, copy: bool) -> Tensor:
+        """On the compute stream: wait for the first `sent` chunks of every
+        peer's output, copy the output out (when `copy`), then tell the peers
+        that the outbox may be written again."""
+        compute.wait_stream(outbound)
+        compute.wait_stream(attend[1])
+        for c in range(sent):
             for s in peers:
-                _C._stream_wait(box.flag(rank, READY_IN, c, s), 1, dev)
-                _C._stream_write(box.flag(rank, READY_IN, c, s), 0, dev)
-            x = box.inbox[c * chunk_numel:(c + 1) * chunk_numel]
-            try:
-                o = attn(x[:n_q].view(world * rows, chunk_q, dim),
-                         x[n_q:n_q + n_kv].view(world * rows, chunk_kv, dim),
-                         x[n_q + n_kv:].view(world * rows, chunk_kv, dim))
-            finally:  # also when attn raises (on every rank alike), so that the flags stay as a call leaves them
-                for s in peers:  # chunk c of s's bytes is read: s may write it again
-                    _C._stream_write(box.flag(s, FREE_IN, c, rank), 1, dev)
-            o = _rows_2d(o if o.dtype == q.dtype else o.to(q.dtype))  # the output is q's dtype, as over NCCL
-        if c + 1 < chunks:  # enqueued after this chunk's attention: the host stays ahead of the GPU
-            arrived.append(send_in(c + 1))
-        outbound.wait_stream(stream)
-        o.record_stream(outbound)
-        send_back(c, o)
-    compute.wait_stream(outbound)
-    compute.wait_stream(attend[1])
-    for c in range(chunks):
-        for s in peers:
-            _C._stream_wait(box.flag(rank, READY_BACK, c, s), 1, dev)
-            _C._stream_write(box.flag(rank, READY_BACK, c, s), 0, dev)
-    out = box.outbox.clone()
-    for c in range(chunks):
-        for s in peers:
-            _C._stream_write(box.flag(s, FREE_BACK, c, rank), 1, dev)
-    return out
+                _C._stream_wait(box.flag(rank, READY_BACK, c, s), 1, dev)
+                _C._stream_write(box.flag(rank, READY_BACK, c, s), 0, dev)
+        out = box.outbox.clone() if copy else box.outbox
+        for c in range(sent):
+            for s in peers:
+                _C._stream_write(box.flag(s, FREE_BACK, c, rank), 1, dev)
+        return out
+
+    arrived = [send_in(0)]
+    sent = 0
+    try:
+        for c in range(chunks):
+            stream = attend[c % 2]
+            with torch.cuda.stream(stream):
+                stream.wait_event(arrived[c])
+                for s in peers:
+                    _C._stream_wait(box.flag(rank, READY_IN, c, s), 1, dev)
+                    _C._stream_write(box.flag(rank, READY_IN, c, s), 0, dev)
+                x = box.inbox[c * chunk_numel:(c + 1) * chunk_numel]
+                try:
+                    o = attn(x[:n_q].view(world * rows, chunk_q, dim),
+                             x[n_q:n_q + n_kv].view(world * rows, chunk_kv, dim),
+                             x[n_q + n_kv:].view(world * rows, chunk_kv, dim))
+                finally:
+                    for s in peers:  # chunk c of s's bytes is read: s may write it again
+                        _C._stream_write(box.flag(s, FREE_IN, c, rank), 1, dev)
+                o = _rows_2d(o if o.dtype == q.dtype else o.to(q.dtype))  # the output is q's dtype, as over NCCL
+            if c + 1 < chunks:  # enqueued after this chunk's attention: the host stays ahead of the GPU
+                arrived.append(send_in(c + 1))
+            outbound.wait_stream(stream)
+            o.record_stream(outbound)
+            send_back(c, o)
+            sent = c + 1
+    except BaseException:
+        # attn raised (on every rank alike: the same chunk, the same shapes):
+        # the chunks already sent back are taken in, so that the flags are
+        # left as a call leaves them and the next call finds them so
+        collect(sent, copy=False)
+        raise
+    return collect(chunks, copy=True)

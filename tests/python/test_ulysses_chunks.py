@@ -89,7 +89,8 @@ def test_nccl_chunked_layer_equals_attention_reference(world):
 def _attn_result_checked(rank, world, device, transport="nccl"):
     """An attn_fn that returns the wrong shape, a flat tensor or no tensor:
     every rank raises the documented error before anything reads the result,
-    chunked or not, and the layer works afterwards."""
+    chunked or not; one that raises on a later chunk: its error on every
+    rank; and the layer works afterwards."""
     rows, heads, dim = 5, 4 * world, 16
     dtype = torch.float64 if device.type == "cpu" else torch.bfloat16
     q, k, v = (torch.randn(rows, heads, dim, dtype=dtype, device=device) for _ in range(3))
@@ -106,9 +107,25 @@ def _attn_result_checked(rank, world, device, transport="nccl"):
                 want = f"ulysses: attn_fn must return a tensor shaped like its q, {shape} on {device}, got {got}"
                 if str(e) != want:
                     return f"chunks {chunks}: {e!s} != {want}"
-        out = ulysses.ulysses_attention(q, k, v, chunks=chunks, transport=transport)
-        if not torch.equal(out, ulysses.ulysses_attention(q, k, v, chunks=chunks)):
-            return f"chunks {chunks}: differs after the errors"
+        if chunks > 1:  # an attn_fn that fails on a later chunk, after the first chunk's output went back
+            calls = []
+
+            def second_fails(q_, k_, v_):
+                calls.append(1)
+                if len(calls) == 2:
+                    raise RuntimeError("attention failed")
+                return ulysses.sdpa(False)(q_, k_, v_)
+
+            try:
+                ulysses.ulysses_attention(q, k, v, attn_fn=second_fails, chunks=chunks, transport=transport)
+                return f"chunks {chunks}: no error from the second chunk"
+            except RuntimeError as e:
+                if str(e) != "attention failed":
+                    return f"chunks {chunks}: {e}"
+        for _ in range(2):  # the layer works afterwards, twice (the flags as a call leaves them)
+            out = ulysses.ulysses_attention(q, k, v, chunks=chunks, transport=transport)
+            if not torch.equal(out, ulysses.ulysses_attention(q, k, v, chunks=chunks)):
+                return f"chunks {chunks}: differs after the errors"
     return "ok"
 
 
