@@ -37,6 +37,22 @@ struct Item {
   int lo_off = 0, hi_off = 0, freq = 0;
   Group<T, W> lo, hi;
 
+  // q or k head `qk_head` of token t (q heads first): the head within q or
+  // k, and where its items read and write.
+  __device__ __forceinline__ void point_qk(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t,
+                                           int qk_head) {
+    is_q = qk_head < p.num_qo_heads;
+    if (is_q) {
+      head = qk_head;
+      src = static_cast<const T*>(ptr.q) + t * p.q_stride_token + head * p.q_stride_head;
+      dst = static_cast<T*>(ptr.q_rot) + t * p.qo_stride_token + head * p.qo_stride_head;
+    } else {
+      head = qk_head - p.num_qo_heads;
+      src = static_cast<const T*>(ptr.k) + t * p.k_stride_token + head * p.k_stride_head;
+      dst = static_cast<T*>(ptr.k_rot) + t * p.ko_stride_token + head * p.ko_stride_head;
+    }
+  }
+
   // Where item `item` of token t lives. Nothing here waits for the token's
   // position or slot, so the loads that follow overlap that round trip.
   // Item indices are 32-bit: the launcher refuses tokens of 2^30 items.
@@ -55,19 +71,11 @@ struct Item {
         src = static_cast<const T*>(ptr.v) + t * p.v_stride_token + head * p.v_stride_head;
         return;
       }
-      head = static_cast<int>(ix.qk_items.div(static_cast<uint32_t>(item)));
-      freq = (item - head * p.qk_items_per_head) * W;
+      const int qk_head = static_cast<int>(ix.qk_items.div(static_cast<uint32_t>(item)));
+      freq = (item - qk_head * p.qk_items_per_head) * W;
       lo_off = freq;
       hi_off = half + freq;
-      is_q = head < p.num_qo_heads;
-      if (is_q) {
-        src = static_cast<const T*>(ptr.q) + t * p.q_stride_token + head * p.q_stride_head;
-        dst = static_cast<T*>(ptr.q_rot) + t * p.qo_stride_token + head * p.qo_stride_head;
-      } else {
-        head -= p.num_qo_heads;
-        src = static_cast<const T*>(ptr.k) + t * p.k_stride_token + head * p.k_stride_head;
-        dst = static_cast<T*>(ptr.k_rot) + t * p.ko_stride_token + head * p.ko_stride_head;
-      }
+      point_qk(p, ptr, t, qk_head);
       return;
     }
     // A thread reuses one Item for all its items: reset what a branch below
@@ -90,17 +98,9 @@ struct Item {
       return;
     }
     const int qk = p.qk_items_per_head;
-    head = static_cast<int>(ix.qk_items.div(static_cast<uint32_t>(item)));
-    const int sub = item - head * qk;
-    is_q = head < p.num_qo_heads;
-    if (is_q) {
-      src = static_cast<const T*>(ptr.q) + t * p.q_stride_token + head * p.q_stride_head;
-      dst = static_cast<T*>(ptr.q_rot) + t * p.qo_stride_token + head * p.qo_stride_head;
-    } else {
-      head -= p.num_qo_heads;
-      src = static_cast<const T*>(ptr.k) + t * p.k_stride_token + head * p.k_stride_head;
-      dst = static_cast<T*>(ptr.k_rot) + t * p.ko_stride_token + head * p.ko_stride_head;
-    }
+    const int qk_head = static_cast<int>(ix.qk_items.div(static_cast<uint32_t>(item)));
+    const int sub = item - qk_head * qk;
+    point_qk(p, ptr, t, qk_head);
     const int rot_items = p.is_neox ? half / W : half / F;
     if (sub >= rot_items) {  // pass-through part of a partial rotary
       kind = kCopy;
