@@ -236,6 +236,19 @@ def fp8_rows(world, device, dtype, rows, heads, dim, iters):
             timed(lambda: recv16.copy_(send16), device, iters))
 
 
+def overlap_cases(shapes, world):
+    """The overlap tables' cases: the shapes whose heads per rank split into 4 chunks, non-causal and causal."""
+    for rows, heads, dim in shapes:
+        if heads // world % 4 == 0:
+            for causal in (False, True):
+                yield rows, heads, dim, causal
+
+
+def exposed(layers, t_attn, t_x):
+    """Each layer time as exposed exchanges ((layer - attention alone) / exchange alone), with its ms."""
+    return " | ".join(f"{(t - t_attn) / t_x:.2f} ({t:.2f} ms)" for t in layers)
+
+
 def extra_tables(rank, world, device, dtype, a):
     """Tables 3-5 (module docstring), printed by rank 0."""
     shapes = [(32, 4 * world, 16)] if a.smoke else RANK_SHAPES
@@ -259,29 +272,21 @@ def extra_tables(rank, world, device, dtype, a):
             options = dist.ProcessGroupNCCL.Options()
             options.is_high_priority_stream = True
             priority = dist.new_group(backend="nccl", pg_options=options)
-        for rows, heads, dim in shapes:
-            if heads // world % 4:
-                continue
-            for causal in (False, True):
-                t_x, t_attn, *layers, t_split = overlap_rows(world, device, dtype, rows, heads, dim, causal,
-                                                             2 if a.smoke else 7, priority)
-                exposed = " | ".join(f"{(t - t_attn) / t_x:.2f} ({t:.2f} ms)" for t in layers)
-                out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {exposed} | "
-                           f"{t_split:.2f} |")
+        for rows, heads, dim, causal in overlap_cases(shapes, world):
+            t_x, t_attn, *layers, t_split = overlap_rows(world, device, dtype, rows, heads, dim, causal,
+                                                         2 if a.smoke else 7, priority)
+            out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | "
+                       f"{exposed(layers, t_attn, t_x)} | {t_split:.2f} |")
     if "ce" in a.parts and a.backend == "nccl":
         out += ["\n| (rows per rank, heads, head_dim) | causal | attention alone ms | exchange alone, NCCL ms | "
                 "exchange alone, copy engines ms | exposed (of the NCCL exchange): NCCL, 1 chunk | copy engines, 1 chunk | "
                 "2 chunks | 4 chunks |",
                 "|---|---|---|---|---|---|---|---|---|"]
-        for rows, heads, dim in shapes:
-            if heads // world % 4:
-                continue
-            for causal in (False, True):
-                t_attn, t_x, t_ce, *layers = copy_engine_rows(world, device, dtype, rows, heads, dim, causal,
-                                                              2 if a.smoke else 7)
-                exposed = " | ".join(f"{(t - t_attn) / t_x:.2f} ({t:.2f} ms)" for t in layers)
-                out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {t_ce:.2f} | "
-                           f"{exposed} |")
+        for rows, heads, dim, causal in overlap_cases(shapes, world):
+            t_attn, t_x, t_ce, *layers = copy_engine_rows(world, device, dtype, rows, heads, dim, causal,
+                                                          2 if a.smoke else 7)
+            out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {t_ce:.2f} | "
+                       f"{exposed(layers, t_attn, t_x)} |")
     if "fp8" in a.parts:
         out += ["\n| (rows per rank, heads, head_dim) | in: bf16 ms | in: fp8 wire ms | in speed-up | out: bf16 ms | "
                 "out: fp8 wire ms | out speed-up | a2a alone, bf16 / fp8 bytes ms | copy ms | floor speed-up | "
