@@ -12,7 +12,9 @@ of the same bytes (the floor); the same three with cos/sin read from a
 cos_sin_cache table, as vLLM and SGLang call it (its rows counted in the
 copy's bytes) instead of computed from rope_base; the plain-PyTorch
 composition (rope on q and k, then index_copy_ into the pools) eager and
-under torch.compile (compiled per T, static shapes). Then the paged / fp8
+under torch.compile (compiled per T, static shapes), and a Triton kernel of
+the kind servers ship (bench/peers.py: cos/sin from cos_sin_cache, flat
+pools; compare it with the cache columns). Then the paged / fp8
 cache table, and the QK-norm table (q/k RMSNorm + RoPE + pool write, 32/8 and
 64/8 heads, beside RoPE alone on the same data; the compiled peer in its
 fastest of two formulations). ``--only rope|formats|norm`` runs one table.
@@ -55,6 +57,27 @@ def through_cache(call, sets, nbytes, T, iters, replay):
 
 
 CACHE_COLUMNS = ["cos_sin_cache us", "% of copy, cache", "graph replay, cache us"]
+TRITON_COLUMNS = ["Triton us", "Triton % of copy, cache", "Triton graph us"]
+
+
+def triton_peer(sets, k_pool, v_pool, nbytes, T, iters, replay, check, norm=()):
+    """The Triton peer (bench/peers.py; cos/sin from cos_sin_cache, flat pools), checked on this data against
+    attnprep's `check(s, cache)` (q_rot, k_rot) within a bf16 ulp or two: [us, % of a copy of the same bytes
+    plus the table rows, graph replay us]."""
+    if peers.triton is None:
+        return [float("nan")] * 3
+    cache = cos_sin_cache()
+    for s in sets:
+        got = peers.triton_rope_pool(*s, k_pool, v_pool, cache, *norm)
+        assert torch.equal(k_pool[s[4]], got[1]) and torch.equal(v_pool[s[4]], s[2]), "Triton pool mismatch"
+        for g, want in zip(got, check(s, cache)):
+            err = ((g.float() - want.float()).abs().max() / want.float().abs().max()).item()
+            assert err < 2e-2, f"the Triton peer differs from attnprep by {err}"
+    t = common.median_ms([lambda s=s: peers.triton_rope_pool(*s, k_pool, v_pool, cache, *norm) for s in sets], iters)
+    tcopy = common.copy_ms((nbytes + T * D * 4) // 2, iters)
+    graph = common.graph_replay_us(lambda: peers.triton_rope_pool(*sets[0], k_pool, v_pool, cache, *norm)) \
+        if replay else float("nan")
+    return [t * 1e3, 100 * tcopy / t, graph]
 
 
 def torch_rope(q, k, positions, freqs):
@@ -169,15 +192,18 @@ def run_norm(quick: bool = False, with_peers: bool = True):
                         if small else float("nan")
                     if not tn >= tc:  # the fastest formulation (tc starts as NaN)
                         best, tc, graph_c = name, tn, gn
+            tri = triton_peer(sets, k_pool, v_pool, nbytes, T, iters, small,
+                              lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw, cos_sin_cache=c)[:2],
+                              (wq, wk)) if with_peers else [float("nan")] * 3
             rows.append([f"{hq}/{hkv}", T, t * 1e3, 100 * tcopy / t, t / t_rope, graph, graph_copy] + cached +
-                        [best, tc * 1e3, graph_c, tc / t, graph_c / graph])
+                        [best, tc * 1e3, graph_c, tc / t, graph_c / graph] + tri)
             print("norm row:", rows[-1], flush=True)  # progress (the table comes at the end)
     common.print_table(
         f"rope_pool_fused with the QK norm (q_norm_weight, k_norm_weight), bf16, head_dim 128 "
         f"({common.environment()})",
         ["heads", "T", "attnprep us", "% of copy", "time / RoPE alone", "graph replay us", "copy graph replay us"] +
         CACHE_COLUMNS + ["fastest compiled peer", "torch.compile us", "compile graph us", "speed-up vs compile",
-                         "graph speed-up"], rows)
+                         "graph speed-up"] + TRITON_COLUMNS, rows)
 
 
 # (pool dtype, layout, page size) of the KV-format table
@@ -270,14 +296,17 @@ def run(quick: bool = False, ts=None, with_peers: bool = True):
                 graph_off = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
             if with_peers:
                 graph_c = common.graph_replay_us(lambda: compiled(*s, k_pool, v_pool, freqs))
+        tri = triton_peer(sets, k_pool, v_pool, nbytes, T, iters, T <= 512,
+                          lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c)[:2]) \
+            if with_peers else [float("nan")] * 3
         rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, graph_off, graph_copy] + cached +
-                    [tc * 1e3, 100 * tcopy / tc, graph_c, te * 1e3, tc / t])
+                    [tc * 1e3, 100 * tcopy / tc, graph_c, te * 1e3, tc / t] + tri)
     common.print_table(
         f"rope_pool_fused, bf16, 32/8 heads, head_dim 128 ({common.environment()}, "
         f"PDL available: {common.pdl_available()})",
         ["T", "attnprep us", "GB/s", "% of copy", "graph replay us", "graph replay, PDL off us", "copy graph replay us"] +
         CACHE_COLUMNS + ["torch.compile us", "compile % of copy", "compile graph us", "eager us",
-                         "speed-up vs compile"], rows)
+                         "speed-up vs compile"] + TRITON_COLUMNS, rows)
 
 
 if __name__ == "__main__":

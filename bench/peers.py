@@ -6,9 +6,9 @@
 - torch.compile: compiled per shape, with static shapes (``dynamic=False``
   after ``torch._dynamo.reset()``), so Inductor specialises as it would in a
   server that compiles per bucket.
-- Triton: a kernel of the kind servers ship, one program per output row,
-  each element's source decomposed from its index in the row. Skipped where
-  Triton is missing.
+- Triton: a kernel of the kind servers ship, one program per block of
+  output elements, each element's source decomposed from its flat index,
+  autotuned over block size and warps. Skipped where Triton is missing.
 
 Used by the benchmarks only; attnprep.testing holds the references.
 """
@@ -87,48 +87,76 @@ def compiled_static(fn: Callable, *example) -> Callable:
 
 
 # ---------------------------------------------------------------- Triton
+#
+# The flat-index kind inference servers ship: one program per BLOCK of output
+# elements, each element's source decomposed from its flat index, head_dim a
+# compile-time constant (so Triton vectorizes the runs along it), indices in
+# int32 where the tensors allow it. BLOCK and num_warps autotuned per size,
+# the fastest kept.
 
 if triton is not None:
 
-    @triton.jit
-    def _pack_kernel(q, k, v, out, rows, local, dim, q_rs, q_hs, k_rs, k_hs, v_rs, v_hs, BLOCK: tl.constexpr):
-        # one program per output row (d, r, h): its q | k | v segments
-        row = tl.program_id(0).to(tl.int64)
-        h = row % local
-        t = row // local
-        r = t % rows
-        d = t // rows
-        head = d * local + h
-        c = tl.arange(0, BLOCK)
-        m = c < 3 * dim
-        which = c // dim
-        e = c % dim
-        vq = tl.load(q + r * q_rs + head * q_hs + e, mask=m & (which == 0))
-        vk = tl.load(k + r * k_rs + head * k_hs + e, mask=m & (which == 1))
-        vv = tl.load(v + r * v_rs + head * v_hs + e, mask=m & (which == 2))
-        tl.store(out + row * 3 * dim + c, tl.where(which == 0, vq, tl.where(which == 1, vk, vv)), mask=m)
+    def _configs():
+        return [triton.Config({"BLOCK": b}, num_warps=w) for b in (1024, 2048, 4096, 8192) for w in (4, 8)]
 
     @triton.jit
-    def _merge_kernel(x, out, W, S, H, D, sw, ss, sb, sh, BLOCK: tl.constexpr):
-        # one program per output row (b, s, w, h)
-        row = tl.program_id(0).to(tl.int64)
-        h = row % H
-        t = row // H
+    def _flat_block(n, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+        """This program's flat output indices and their in-bounds mask."""
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        if WIDE:
+            i = i.to(tl.int64)
+        return i, i < n
+
+    @triton.autotune(configs=_configs(), key=["n", "DIM"])
+    @triton.jit
+    def _pack_kernel(q, k, v, out, n, rows, local, q_rs, q_hs, k_rs, k_hs, v_rs, v_hs,
+                     DIM: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+        # out[d, r, h, j * DIM + e] = (q, k, v)[j][r, d * local + h, e]
+        i, m = _flat_block(n, BLOCK, WIDE)
+        e = i % DIM
+        t = i // DIM
+        j = t % 3
+        t = t // 3
+        h = t % local
+        t = t // local
+        r = t % rows
+        head = (t // rows) * local + h
+        vq = tl.load(q + r * q_rs + head * q_hs + e, mask=m & (j == 0), eviction_policy="evict_last")
+        vk = tl.load(k + r * k_rs + head * k_hs + e, mask=m & (j == 1), eviction_policy="evict_last")
+        vv = tl.load(v + r * v_rs + head * v_hs + e, mask=m & (j == 2), eviction_policy="evict_last")
+        tl.store(out + i, tl.where(j == 0, vq, tl.where(j == 1, vk, vv)), mask=m)
+
+    @triton.autotune(configs=_configs(), key=["n", "DIM"])
+    @triton.jit
+    def _merge_kernel(x, out, n, W, S, H, sw, ss, sb, sh, DIM: tl.constexpr, BLOCK: tl.constexpr,
+                      WIDE: tl.constexpr):
+        # out[b, s, w, h, e] = x[w, s, b, h, e]
+        i, m = _flat_block(n, BLOCK, WIDE)
+        e = i % DIM
+        t = i // DIM
+        h = t % H
+        t = t // H
         w = t % W
         t = t // W
         s = t % S
         b = t // S
-        e = tl.arange(0, BLOCK)
-        m = e < D
-        tl.store(out + row * D + e, tl.load(x + w * sw + s * ss + b * sb + h * sh + e, mask=m), mask=m)
+        src = x + w * sw + s * ss + b * sb + h * sh + e
+        tl.store(out + i, tl.load(src, mask=m, eviction_policy="evict_last"), mask=m)
+
+
+def _wide(*ts) -> bool:
+    """int64 indices where an element offset may not fit in int32."""
+    return any(t.numel() == 0 or max((s - 1) * st for s, st in zip(t.shape, t.stride())) + t.numel() >= 2**31
+               for t in ts)
 
 
 def triton_pack(q, k, v, w):
     rows, heads, dim = q.shape
     out = torch.empty((w, rows, heads // w, 3 * dim), dtype=q.dtype, device=q.device)
-    _pack_kernel[(w * rows * (heads // w),)](q, k, v, out, rows, heads // w, dim, q.stride(0), q.stride(1),
-                                             k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                                             BLOCK=triton.next_power_of_2(3 * dim))
+    n = out.numel()
+    _pack_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](
+        q, k, v, out, n, rows, heads // w, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), DIM=dim, WIDE=_wide(q, k, v, out))
     return out
 
 
@@ -136,6 +164,69 @@ def triton_merge(x):
     W, S, B, H, D = x.shape
     assert x.stride(4) == 1
     out = torch.empty((B, S, W, H, D), dtype=x.dtype, device=x.device)
-    _merge_kernel[(B * S * W * H,)](x, out, W, S, H, D, x.stride(0), x.stride(1), x.stride(2), x.stride(3),
-                                    BLOCK=triton.next_power_of_2(D))
+    n = out.numel()
+    _merge_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](
+        x, out, n, W, S, H, x.stride(0), x.stride(1), x.stride(2), x.stride(3), DIM=D, WIDE=_wide(x, out))
     return out
+
+
+# ---------------------------------------------------------------- Triton RoPE + pool write
+#
+# The fused kernel of the kind servers ship beside their attention: one
+# program per token, its q and k heads as [heads, head_dim / 2] tiles (NeoX
+# halves), cos/sin read from the [max_position, head_dim] cos_sin_cache row
+# of its position, k and v stored into the flat pool at its slot. With
+# NORM, each q and k head is RMS-normalized first as Qwen3 writes it (float32
+# inside, rounded, times the weight, rounded).
+
+if triton is not None:
+
+    @triton.jit
+    def _norm_rope(x, w, eps, cos, sin, H: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr):
+        """A token's heads of x ([H, 2 HALF] at x): (first, second) rotated halves in x's dtype."""
+        c = tl.arange(0, HALF)
+        at = tl.arange(0, H)[:, None] * 2 * HALF + c[None, :]
+        a = tl.load(x + at).to(tl.float32)
+        b = tl.load(x + at + HALF).to(tl.float32)
+        if NORM:
+            r = tl.rsqrt((tl.sum(a * a, 1) + tl.sum(b * b, 1)) / (2 * HALF) + eps)[:, None]
+            dt = x.dtype.element_ty
+            a = ((a * r).to(dt).to(tl.float32) * tl.load(w + c)[None, :].to(tl.float32)).to(dt).to(tl.float32)
+            b = ((b * r).to(dt).to(tl.float32) * tl.load(w + HALF + c)[None, :].to(tl.float32)).to(dt).to(tl.float32)
+        return (a * cos - b * sin).to(x.dtype.element_ty), (b * cos + a * sin).to(x.dtype.element_ty)
+
+    @triton.autotune(configs=[triton.Config({}, num_warps=w) for w in (2, 4, 8)], key=["T", "HQ", "HKV", "HALF"])
+    @triton.jit
+    def _rope_pool_kernel(q, k, v, positions, slots, k_pool, v_pool, cache, q_out, k_out, wq, wk, eps, T,
+                          HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        pos = tl.load(positions + t).to(tl.int64)
+        slot = tl.load(slots + t).to(tl.int64)
+        c = tl.arange(0, HALF)
+        cos = tl.load(cache + pos * 2 * HALF + c)[None, :]
+        sin = tl.load(cache + pos * 2 * HALF + HALF + c)[None, :]
+        qa, qb = _norm_rope(q + t * HQ * 2 * HALF, wq, eps, cos, sin, HQ, HALF, NORM)
+        hq = tl.arange(0, HQ)[:, None] * 2 * HALF + c[None, :]
+        tl.store(q_out + t * HQ * 2 * HALF + hq, qa)
+        tl.store(q_out + t * HQ * 2 * HALF + hq + HALF, qb)
+        ka, kb = _norm_rope(k + t * HKV * 2 * HALF, wk, eps, cos, sin, HKV, HALF, NORM)
+        hk = tl.arange(0, HKV)[:, None] * 2 * HALF + c[None, :]
+        for dst in (k_out + t * HKV * 2 * HALF, k_pool + slot * HKV * 2 * HALF):
+            tl.store(dst + hk, ka)
+            tl.store(dst + hk + HALF, kb)
+        hv = tl.arange(0, HKV)[:, None] * 2 * HALF + tl.arange(0, 2 * HALF)[None, :]
+        tl.store(v_pool + slot * HKV * 2 * HALF + hv, tl.load(v + t * HKV * 2 * HALF + hv))
+
+
+def triton_rope_pool(q, k, v, positions, slots, k_pool, v_pool, cache, wq=None, wk=None, eps=1e-6):
+    """NeoX RoPE of q and k (and the QK norm when wq, wk are given) with cos/sin from cache, k_rot and v
+    into the flat pools at slots; contiguous [T, heads, D] inputs, power-of-two head counts."""
+    T, hq, d = q.shape
+    hkv = k.shape[1]
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    norm = wq is not None
+    if T:
+        _rope_pool_kernel[(T,)](q, k, v, positions, slots, k_pool, v_pool, cache, q_out, k_out,
+                                wq if norm else q, wk if norm else k, eps, T, HQ=hq, HKV=hkv, HALF=d // 2,
+                                NORM=norm)
+    return q_out, k_out
