@@ -211,9 +211,10 @@ if triton is not None:
         tl.store(q_out + t * HQ * 2 * HALF + hq + HALF, qb)
         ka, kb = _norm_rope(k + t * HKV * 2 * HALF, wk, eps, cos, sin, HKV, HALF, NORM)
         hk = tl.arange(0, HKV)[:, None] * 2 * HALF + c[None, :]
-        for dst in (k_out + t * HKV * 2 * HALF, k_pool + slot * HKV * 2 * HALF):
-            tl.store(dst + hk, ka)
-            tl.store(dst + hk + HALF, kb)
+        tl.store(k_out + t * HKV * 2 * HALF + hk, ka)
+        tl.store(k_out + t * HKV * 2 * HALF + hk + HALF, kb)
+        tl.store(k_pool + slot * HKV * 2 * HALF + hk, ka)
+        tl.store(k_pool + slot * HKV * 2 * HALF + hk + HALF, kb)
         hv = tl.arange(0, HKV)[:, None] * 2 * HALF + tl.arange(0, 2 * HALF)[None, :]
         tl.store(v_pool + slot * HKV * 2 * HALF + hv, tl.load(v + t * HKV * 2 * HALF + hv))
 
