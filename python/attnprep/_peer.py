@@ -221,9 +221,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
         """On the compute stream: wait for the first `sent` chunks of every
         peer's output, copy the output out (when `copy`), then tell the peers
         that the outbox may be written again."""
-        compute.wait_stream(outbound)
-        compute.wait_stream(own)
-        compute.wait_stream(attend[1])
+        for s in (inbound, outbound, own, attend[1]):  # every side stream joined (a graph capture requires it)
+            compute.wait_stream(s)
         for c in range(sent):
             for s in peers:
                 _C._stream_wait(box.flag(rank, READY_BACK, c, s), 1, dev)
