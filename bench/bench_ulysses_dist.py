@@ -34,7 +34,9 @@
    alone, the exchange alone (the layer with an identity attention) through
    NCCL and through the copy engines, the layer through NCCL (1 chunk) and
    through the copy engines with 1, 2 and 4 chunks; exposed = (layer -
-   attention alone) / the NCCL exchange alone.
+   attention alone) / the NCCL exchange alone. ``--parts ce_graph``: the
+   same under CUDA-graph replay (attention, the NCCL exchange and layer,
+   the copy-engine layer with 2 and 4 chunks), the host out of the time.
 Rank 0 prints the tables for bench/README.md.
 
 Keep NCCL_NVLS_ENABLE=0 (set below if unset): NVLink multicast stays off.
@@ -180,16 +182,13 @@ def overlap_rows(world, device, dtype, rows, heads, dim, causal, iters, priority
     return [t_x] + timed_together(fns, device, iters)
 
 
-def copy_engine_rows(world, device, dtype, rows, heads, dim, causal, iters):
-    """ms of: attention alone, the exchange alone (the layer with an identity
-    attention) through NCCL and through the copy engines, the layer through
-    NCCL (1 chunk), and the layer through the copy engines with 1, 2 and 4
-    chunks."""
+def _layer_setup(device, dtype, rows, heads, dim, causal):
+    """Inputs for the copy-engine tables: attention alone on contiguous [S,
+    heads, D] tensors (the copy-engine layer's layout, on which SDPA runs
+    fastest; scatter_heads' strided views cost it up to 5% at these shapes),
+    and layer(chunks, transport, attn_fn) -> a call of the layer."""
     g = torch.Generator(device=device).manual_seed(1)
     q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype, generator=g) for _ in range(3))
-    # attention alone on contiguous [S, heads, D] tensors: the copy-engine
-    # layer's layout, on which SDPA runs fastest (scatter_heads' strided
-    # views cost it up to 5% at these shapes)
     ql, kl, vl = (t.contiguous() for t in ulysses.scatter_heads(q, k, v, validate=False))
     attn = ulysses.sdpa(causal)
 
@@ -197,12 +196,42 @@ def copy_engine_rows(world, device, dtype, rows, heads, dim, causal, iters):
         return lambda: ulysses.ulysses_attention(q, k, v, attn_fn=attn_fn, causal=causal, validate=False,
                                                  chunks=chunks, transport=transport)
 
-    def identity(q_, k_, v_):
-        return q_
+    return (lambda: attn(ql, kl, vl)), layer
 
-    fns = [lambda: attn(ql, kl, vl), layer(1, "nccl", identity), layer(1, "copy_engine", identity),
+
+def _identity(q_, k_, v_):
+    return q_
+
+
+def copy_engine_rows(world, device, dtype, rows, heads, dim, causal, iters):
+    """ms of: attention alone, the exchange alone (the layer with an identity
+    attention) through NCCL and through the copy engines, the layer through
+    NCCL (1 chunk), and the layer through the copy engines with 1, 2 and 4
+    chunks."""
+    attention, layer = _layer_setup(device, dtype, rows, heads, dim, causal)
+    fns = [attention, layer(1, "nccl", _identity), layer(1, "copy_engine", _identity),
            layer(1, "nccl"), layer(1, "copy_engine"), layer(2, "copy_engine"), layer(4, "copy_engine")]
     return timed_together(fns, device, iters)
+
+
+def copy_engine_graph_rows(world, device, dtype, rows, heads, dim, causal, iters):
+    """The same under CUDA-graph replay (each captured once, replays timed in
+    turn), so the host's enqueueing is out of the layer's time as in a
+    captured model: ms of attention alone, the NCCL exchange alone, the NCCL
+    layer (1 chunk), and the copy-engine layer with 2 and 4 chunks."""
+    attention, layer = _layer_setup(device, dtype, rows, heads, dim, causal)
+
+    def captured(fn):
+        fn()  # the copy-engine transport sets up its buffers outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+
+    fns = [attention, layer(1, "nccl", _identity), layer(1, "nccl"), layer(2, "copy_engine"),
+           layer(4, "copy_engine")]
+    return timed_together([captured(fn) for fn in fns], device, iters)
 
 
 def fp8_rows(world, device, dtype, rows, heads, dim, iters):
@@ -287,6 +316,16 @@ def extra_tables(rank, world, device, dtype, a):
                                                           2 if a.smoke else 7)
             out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {t_ce:.2f} | "
                        f"{exposed(layers, t_attn, t_x)} |")
+    if "ce_graph" in a.parts and a.backend == "nccl":
+        out += ["\n| (rows per rank, heads, head_dim) | causal | graphs: attention alone ms | NCCL exchange alone ms | "
+                "exposed (of the NCCL exchange): NCCL, 1 chunk | copy engines, 2 chunks | 4 chunks |",
+                "|---|---|---|---|---|---|---|"]
+        for rows, heads, dim, causal in overlap_cases(shapes, world):
+            t_attn, t_x, *layers = copy_engine_graph_rows(world, device, dtype, rows, heads, dim, causal,
+                                                          2 if a.smoke else 7)
+            out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | "
+                       f"{exposed(layers, t_attn, t_x)} |")
+            torch.cuda.empty_cache()
     if "fp8" in a.parts:
         out += ["\n| (rows per rank, heads, head_dim) | in: bf16 ms | in: fp8 wire ms | in speed-up | out: bf16 ms | "
                 "out: fp8 wire ms | out speed-up | a2a alone, bf16 / fp8 bytes ms | copy ms | floor speed-up | "
@@ -305,8 +344,9 @@ def extra_tables(rank, world, device, dtype, a):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--backend", default="nccl")
-    p.add_argument("--parts", default="exchange,input,overlap,fp8,ce",
-                   help="comma-separated: exchange (tables 1-2), input, overlap, fp8, ce (copy-engine transport)")
+    p.add_argument("--parts", default="exchange,input,overlap,fp8,ce,ce_graph",
+                   help="comma-separated: exchange (tables 1-2), input, overlap, fp8, ce (copy-engine transport), "
+                        "ce_graph (the same under CUDA-graph replay)")
     p.add_argument("--smoke", action="store_true", help="small shapes (script check on CPU)")
     p.add_argument("--spawn", type=int, default=0, help="start N local processes instead of torchrun")
     a = p.parse_args()

@@ -3,7 +3,7 @@
 # NCCL ones included), bench_ulysses_dist.py's named parts, then the layer's
 # GPU timeline (bench/diagnostics/ulysses_trace.py); logs in $OUT (or
 # bench/out), the tables last.
-#   tools/gpu_ulysses.sh [parts]        # bench parts, comma-separated (default: ce)
+#   tools/gpu_ulysses.sh [parts]        # bench parts, comma-separated (default: ce,ce_graph)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out}
@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OUT
 # NVLink multicast stays off on shared multi-GPU hosts
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-parts=${1:-ce}
+parts=${1:-ce,ce_graph}
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps .whl/*.whl > "$OUT/wheels.log" 2>&1 || tail -3 "$OUT/wheels.log"
 fi

@@ -123,9 +123,10 @@ _STREAMS: Dict[Tuple[int, str], torch.cuda.Stream] = {}
 
 
 def _stream(device: torch.device, role: str, priority: int = -1) -> torch.cuda.Stream:
-    """One stream per device and role: "in" and "out" carry the copies (high
-    priority: should the driver carry out a same-GPU copy with a kernel, its
-    blocks go ahead of attention's waiting ones); "attend" runs every other
+    """One stream per device and role: "in" and "out" carry the copies to
+    peers, "own" this rank's own blocks (high priority: should the driver
+    carry out a same-GPU copy with a kernel, its blocks go ahead of
+    attention's waiting ones); "attend" runs every other
     chunk's attention, so that a chunk's first blocks fill the SMs that the
     previous chunk's last blocks leave idle."""
     if (device.index, role) not in _STREAMS:
@@ -161,7 +162,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
     box = _BOXES[key]
     q, k, v = _rows_2d(q), _rows_2d(k), _rows_2d(v)
     compute = torch.cuda.current_stream(device)
-    inbound, outbound = _stream(device, "in"), _stream(device, "out")
+    inbound, outbound, own = _stream(device, "in"), _stream(device, "out"), _stream(device, "own")
     attend = [compute, _stream(device, "attend", 0)]
     peers = [d for d in range(world) if d != rank]
 
@@ -171,9 +172,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
                          n * dim * elt, rows, dev)
 
     def send_in(c: int) -> torch.cuda.Event:
-        """Chunk c of q, k, v to every rank (this one's block last: the peers' bytes start moving first)."""
-        with torch.cuda.stream(inbound):
-            for d in peers + [rank]:
+        """Chunk c of q, k, v to every rank: the peers' blocks on the inbound
+        stream, this rank's own block beside them on the own-block stream (a
+        same-GPU copy may take SMs and wait for them; it does not hold up the
+        peers' copies). Returns the own block's event."""
+        for d in peers + [rank]:
+            with torch.cuda.stream(inbound if d != rank else own):
                 if d != rank:  # d has read the previous call's chunk c
                     _C._stream_wait(box.flag(rank, FREE_IN, c, d), 1, dev)
                     _C._stream_write(box.flag(rank, FREE_IN, c, d), 0, dev)
@@ -186,14 +190,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
                           chunk_kv)
                 if d != rank:
                     _C._stream_write(box.flag(d, READY_IN, c, rank), 1, dev)
-            done = torch.cuda.Event()
-            done.record(inbound)
+        done = torch.cuda.Event()
+        done.record(own)
         return done
 
-    def send_back(c: int, o: Tensor):
-        """Chunk c's attention output, rows of source d, into d's outbox."""
-        with torch.cuda.stream(outbound):
-            for d in peers + [rank]:
+    def send_back(c: int, o: Tensor, attended: torch.cuda.Stream):
+        """Chunk c's attention output, rows of source d, into d's outbox (this rank's rows on the own-block stream)."""
+        for d in peers + [rank]:
+            stream = outbound if d != rank else own
+            stream.wait_stream(attended)
+            o.record_stream(stream)
+            with torch.cuda.stream(stream):
                 if d != rank:  # d has taken the previous call's output out of its outbox
                     _C._stream_wait(box.flag(rank, FREE_BACK, c, d), 1, dev)
                     _C._stream_write(box.flag(rank, FREE_BACK, c, d), 0, dev)
@@ -204,16 +211,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
                     _C._stream_write(box.flag(d, READY_BACK, c, rank), 1, dev)
 
     # q, k, v are written, and this rank's reads of its boxes in its last call are done
-    for s in [inbound, outbound, attend[1]]:
+    for s in [inbound, outbound, own, attend[1]]:
         s.wait_stream(compute)
     for t in (q, k, v):
         t.record_stream(inbound)
+        t.record_stream(own)
+
     def collect(sent: int, copy: bool) -> Tensor:
         """On the compute stream: wait for the first `sent` chunks of every
         peer's output, copy the output out (when `copy`), then tell the peers
         that the outbox may be written again."""
-        compute.wait_stream(outbound)
-        compute.wait_stream(attend[1])
+        for s in (inbound, outbound, own, attend[1]):  # every side stream joined (a graph capture requires it)
+            compute.wait_stream(s)
         for c in range(sent):
             for s in peers:
                 _C._stream_wait(box.flag(rank, READY_BACK, c, s), 1, dev)
@@ -245,9 +254,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
                 o = _rows_2d(o if o.dtype == q.dtype else o.to(q.dtype))  # the output is q's dtype, as over NCCL
             if c + 1 < chunks:  # enqueued after this chunk's attention: the host stays ahead of the GPU
                 arrived.append(send_in(c + 1))
-            outbound.wait_stream(stream)
-            o.record_stream(outbound)
-            send_back(c, o)
+            send_back(c, o, stream)
             sent = c + 1
     except BaseException:
         # attn raised (on every rank alike: the same chunk, the same shapes):

@@ -7,7 +7,7 @@ GPUs: on CPU only the checks run (gloo ranks)."""
 import pytest
 import torch
 
-from attnprep import ulysses
+from attnprep import _peer, ulysses
 from conftest import assert_ranks_ok, nccl_ranks_ok, run_rank
 
 BAD_TRANSPORT = "ulysses: transport must be \"nccl\" or \"copy_engine\""
@@ -75,3 +75,48 @@ def _same_as_nccl(rank, world, device):
 @pytest.mark.parametrize("world", [2])
 def test_nccl_copy_engine_equals_nccl_transport(world):
     nccl_ranks_ok(world, _same_as_nccl)
+
+
+def _set_up_errors(rank, world, device):
+    """A shape's first call inside capture, and a rank that cannot open its
+    peers' memory: the documented errors on every rank alike, and the
+    transport works afterwards."""
+    rows, dim = 24, 64
+    q, k, v = (torch.randn(rows, 8, dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            ulysses.ulysses_attention(q, k, v, validate=False, transport="copy_engine")
+        return "no error for a first call inside capture"
+    except ValueError as e:
+        if str(e) != _peer.SET_UP_FIRST:
+            return f"capture: {e}"
+    torch.cuda.synchronize()
+
+    class NoPeerOnRank1:  # attnprep._C, except that rank 1 cannot reach its peers
+        def __getattr__(self, name):
+            if name == "_peer_access" and rank == 1:
+                return lambda device, peer: False
+            return getattr(real, name)
+
+    real = _peer._C
+    _peer._C = NoPeerOnRank1()
+    try:
+        ulysses.ulysses_attention(q[:17], k[:17], v[:17], transport="copy_engine")
+        return "no error without peer access"
+    except ValueError as e:
+        want = ("ulysses: transport=\"copy_engine\" needs every rank's GPU on one node with peer access "
+                "(rank 1: GPU 1 cannot access GPU 0)")
+        if str(e) != want:
+            return f"peer access: {e}"
+    finally:
+        _peer._C = real
+    got = ulysses.ulysses_attention(q, k, v, transport="copy_engine")
+    if not torch.equal(got, ulysses.ulysses_attention(q, k, v)):
+        return "differs from NCCL after the errors"
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [2])
+def test_nccl_copy_engine_set_up_errors(world):
+    nccl_ranks_ok(world, _set_up_errors)
