@@ -195,12 +195,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
         return done
 
     def send_back(c: int, o: Tensor, attended: torch.cuda.Stream):
-        """Chunk c's attention output, rows of source d, into d's outbox (this rank's rows on the own-block stream)."""
+        """Chunk c's attention output (computed on `attended`), rows of
+        source d, into d's outbox; this rank's rows on the own-block stream."""
+        for s in (outbound, own):
+            s.wait_stream(attended)
+            o.record_stream(s)
         for d in peers + [rank]:
-            stream = outbound if d != rank else own
-            stream.wait_stream(attended)
-            o.record_stream(stream)
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(outbound if d != rank else own):
                 if d != rank:  # d has taken the previous call's output out of its outbox
                     _C._stream_wait(box.flag(rank, FREE_BACK, c, d), 1, dev)
                     _C._stream_write(box.flag(rank, FREE_BACK, c, d), 0, dev)
