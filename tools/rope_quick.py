@@ -1,7 +1,8 @@
 """rope_pool_fused alone, for A/B runs (tools/gpu_ab.sh): kernel time, % of a
 copy of the same bytes and CUDA-graph replay per call, for RoPE alone, the QK
 norm (32/8 and 64/8 heads) and fp8 pages, at T = 1 ... 8192 (bf16, head_dim
-128, rope_base). No peers: bench/bench_rope_pool.py makes the tables."""
+128), with cos/sin from rope_base and from a float32 cos_sin_cache. No peers:
+bench/bench_rope_pool.py makes the tables."""
 
 import torch
 
@@ -10,6 +11,7 @@ from attnprep import _bench as common
 
 D, POOL = 128, 1 << 20
 CASES = [("rope", 32, False, False), ("norm", 32, False, True), ("norm64", 64, False, True), ("fp8", 32, True, False)]
+MAXPOS = 131072
 
 
 def main():
@@ -19,11 +21,12 @@ def main():
         return (torch.randn(T, hq, D, device="cuda", dtype=torch.bfloat16, generator=g),
                 torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16, generator=g),
                 torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16, generator=g),
-                torch.randint(0, 131072, (T,), device="cuda", generator=g),
+                torch.randint(0, MAXPOS, (T,), device="cuda", generator=g),
                 torch.randperm(POOL, device="cuda", generator=g)[:T])
 
     rows = []
-    for name, hq, fp8, norm in CASES:
+    table = attnprep.rope_cos_sin_cache(D, MAXPOS, 1e4, device="cuda")
+    for (name, hq, fp8, norm), cache in [(c, x) for x in (False, True) for c in CASES]:
         hkv = 8
         if fp8:
             k_pool = torch.zeros(POOL // 16, 16, hkv, D, device="cuda", dtype=torch.float8_e4m3fn)
@@ -36,6 +39,9 @@ def main():
             extra = dict(q_norm_weight=torch.rand(D, device="cuda", dtype=torch.bfloat16) + 0.5,
                          k_norm_weight=torch.rand(D, device="cuda", dtype=torch.bfloat16) + 0.5)
         kw = dict(head_dim=D, num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e4, **extra)
+        if cache:
+            kw["cos_sin_cache"] = table
+            name += "+cache"
         pool_bytes = 1 if fp8 else 2
         for T in [1, 128, 512, 2048, 8192]:
             nbytes = T * ((hq + 2 * hkv) * D * 2 + 16) + T * (hq + hkv) * D * 2 + T * 2 * hkv * D * pool_bytes

@@ -222,6 +222,13 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
     p.cache_stride = a.cos_sin_cache.stride(0);
     p.cache_len = a.cos_sin_cache.size(0);
     p.cache_bf16 = a.cos_sin_cache.dtype == DType::BFloat16 ? 1 : 0;
+    // The CUDA rotation kernel reads a token's cos/sin straight from its row,
+    // 16 bytes at a time, where the base, the row stride and the sin half
+    // all start on 16-byte boundaries.
+    const TensorArg& c = a.cos_sin_cache;
+    const bool on16 = reinterpret_cast<uintptr_t>(c.data) % 16 == 0 && (p.cache_stride * c.itemsize) % 16 == 0 &&
+                      (a.rot() / 2 * c.itemsize) % 16 == 0;
+    p.cache_vector = on16 ? 1 : 0;
   } else {
     const std::vector<float> f = rope_inv_freq(a.rope_base, a.rot());
     for (size_t i = 0; i < f.size(); ++i) p.inv_freq[i] = f[i];

@@ -54,7 +54,7 @@ struct RopePoolParams {
                               // head_dim rounded up to a power of two
   float norm_eps;             // float32(norm_eps)
   float norm_offset;          // 0: weight * T(normalized) (Llama/Qwen3); else (offset + weight) * normalized
-  ap_i32 reserved;
+  ap_i32 cache_vector;        // 1: cos_sin_cache's rows and their sin halves start on 16-byte boundaries
   float inv_freq[ATTNPREP_ROPE_MAX_HALF];  // float32(1 / base^(2i / rotary_dim)), used when !use_cache
 };
 

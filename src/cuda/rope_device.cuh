@@ -137,6 +137,48 @@ __device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const R
   return make_float2(c, s);
 }
 
+// (cos, sin) of frequencies freq ... freq + N - 1 read straight from the
+// token's cos_sin_cache row, 16 bytes at a time (p.cache_vector; freq is a
+// multiple of N, N a multiple of 4): the same values token_cos_sin gives.
+// Each warp then reads its own frequencies and no block-wide table (with its
+// barrier) stands between the position and the first rotation.
+template <int N>
+__device__ __forceinline__ void row_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
+                                            bool pos_ok, int freq, float2 (&r)[N]) {
+  static_assert(N % 4 == 0, "16-byte reads of float32 rows, 8-byte reads of bfloat16 rows");
+  if (!pos_ok) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r[i] = make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
+    return;
+  }
+  const int half = p.rotary_dim / 2;
+  const int64_t row = pos * p.cache_stride + freq;
+  if (p.cache_bf16) {
+    const auto* cache = static_cast<const unsigned short*>(ptr.cos_sin_cache) + row;
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const uint2 c = __ldg(reinterpret_cast<const uint2*>(cache + i));
+      const uint2 s = __ldg(reinterpret_cast<const uint2*>(cache + half + i));
+      // bfloat16 -> float32: the high half of the word
+      r[i] = make_float2(__uint_as_float(c.x << 16), __uint_as_float(s.x << 16));
+      r[i + 1] = make_float2(__uint_as_float(c.x & 0xffff0000u), __uint_as_float(s.x & 0xffff0000u));
+      r[i + 2] = make_float2(__uint_as_float(c.y << 16), __uint_as_float(s.y << 16));
+      r[i + 3] = make_float2(__uint_as_float(c.y & 0xffff0000u), __uint_as_float(s.y & 0xffff0000u));
+    }
+  } else {
+    const float* cache = static_cast<const float*>(ptr.cos_sin_cache) + row;
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 c = __ldg(reinterpret_cast<const float4*>(cache + i));
+      const float4 s = __ldg(reinterpret_cast<const float4*>(cache + half + i));
+      r[i] = make_float2(c.x, s.x);
+      r[i + 1] = make_float2(c.y, s.y);
+      r[i + 2] = make_float2(c.z, s.z);
+      r[i + 3] = make_float2(c.w, s.w);
+    }
+  }
+}
+
 // Token t's position and slot. A position outside cos_sin_cache must not be
 // read: its rows become NaN and its pool write is skipped (check_slots=True
 // reports it on the host); a slot outside [0, pool_size) is not written.
@@ -293,11 +335,34 @@ __device__ __forceinline__ float2 round_through(float a, float b) {
   return to_float2(pair);
 }
 
-// A group normalized in place: w points at the staged weights of its
-// elements (store_norm_weights; in shared memory, 16-byte aligned when N is a
-// multiple of 4, as a group's first element is a multiple of N, so they load
-// four at a time). kMode: how the weight applies (NormMode). The mode is a
-// template parameter: as a run-time select per element both ways were issued.
+// A group normalized in place; weight(i) gives its element i's float32
+// weight (staged_weight's value). kMode: how the weight applies (NormMode).
+// The mode is a template parameter: as a run-time select per element both
+// ways were issued.
+template <int kMode, typename T, int N, typename Weight>
+__device__ __forceinline__ void normalize_with(Group<T, N>& g, Weight weight, float inv) {
+  if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+      const float2 x = g.get2(j);
+      float2 n = make_float2(__fmul_rn(x.x, inv), __fmul_rn(x.y, inv));
+      if constexpr (kMode == kNormRoundThenWeight) n = round_through<T>(n.x, n.y);
+      g.set2(j, __fmul_rn(n.x, weight(2 * j)), __fmul_rn(n.y, weight(2 * j + 1)));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float n = __fmul_rn(to_float(g.e[i]), inv);
+      if constexpr (kMode == kNormRoundThenWeight) n = to_float(from_float<T>(n));
+      g.e[i] = from_float<T>(__fmul_rn(n, weight(i)));
+    }
+  }
+}
+
+// The same with the weights staged in shared memory: w points at the
+// group's first (store_norm_weights; 16-byte aligned when N is a multiple of
+// 4, as a group's first element is a multiple of N, so they load four at a
+// time).
 template <int kMode, typename T, int N>
 __device__ __forceinline__ void normalize_group(Group<T, N>& g, const float* w, float inv) {
   float wv[N];
@@ -308,21 +373,45 @@ __device__ __forceinline__ void normalize_group(Group<T, N>& g, const float* w, 
 #pragma unroll
     for (int i = 0; i < N; ++i) wv[i] = w[i];
   }
-  if constexpr (N % 2 == 0) {
+  normalize_with<kMode>(g, [&](int i) { return wv[i]; }, inv);
+}
+
+// The weights of elements off ... off + N - 1 of a q (or k: is_k) head as
+// staged_weight gives them, read straight from the weight tensor, 16 bytes
+// at a time (the launcher checks its alignment; off is a multiple of N, N of
+// 4 for float32 weights and of 8 for 2-byte ones). Each warp reads its own
+// (from L1 after the first), so no block-wide staging and no barrier.
+template <int kMode, typename T, int N>
+__device__ __forceinline__ void row_norm_weights(const RopePoolParams& p, const RopePoolPointers& ptr, bool is_k,
+                                                 int off, float (&wv)[N]) {
+  const void* w = is_k ? ptr.k_norm_weight : ptr.q_norm_weight;
+  if (sizeof(T) == 4 || (is_k ? p.k_norm_f32 : p.q_norm_f32)) {
+    static_assert(N % 4 == 0, "16-byte reads");
 #pragma unroll
-    for (int j = 0; j < N / 2; ++j) {
-      const float2 x = g.get2(j);
-      float2 n = make_float2(__fmul_rn(x.x, inv), __fmul_rn(x.y, inv));
-      if constexpr (kMode == kNormRoundThenWeight) n = round_through<T>(n.x, n.y);
-      g.set2(j, __fmul_rn(n.x, wv[2 * j]), __fmul_rn(n.y, wv[2 * j + 1]));
+    for (int i = 0; i < N; i += 4) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(w) + off + i));
+      wv[i] = v.x;
+      wv[i + 1] = v.y;
+      wv[i + 2] = v.z;
+      wv[i + 3] = v.w;
     }
-  } else {
+  } else if constexpr (sizeof(T) == 2) {
+    static_assert(N % 8 == 0, "16-byte reads");
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      float n = __fmul_rn(to_float(g.e[i]), inv);
-      if constexpr (kMode == kNormRoundThenWeight) n = to_float(from_float<T>(n));
-      g.e[i] = from_float<T>(__fmul_rn(n, wv[i]));
+    for (int i = 0; i < N; i += 8) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(w) + off + i));
+      const uint32_t word[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = to_float2(reinterpret_cast<const T*>(&word[j]));
+        wv[i + 2 * j] = f.x;
+        wv[i + 2 * j + 1] = f.y;
+      }
     }
+  }
+  if constexpr (kMode == kNormOffsetWeight) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) wv[i] = __fadd_rn(p.norm_offset, wv[i]);
   }
 }
 

@@ -164,27 +164,44 @@ struct Item {
   // kFp8: the pools are float8 (stored x / scale, `scale` read by
   // pool_scale_of with the item's loads); otherwise T. kNorm (a NormMode):
   // q and k groups are normalized first (weights `w` in shared memory, the
-  // head's factor `inv`). Groups of W > 1 elements (W even) compute on pairs
+  // head's factor `inv`). kRowCs (kNeoxFull only): cos/sin straight from the
+  // token's cos_sin_cache row (row_cos_sin), else from the block's table
+  // `cs`. Groups of W > 1 elements (W even) compute on pairs
   // (Group::get2/set2).
-  template <bool kFp8, int kNorm>
+  template <bool kFp8, int kNorm, bool kRowCs>
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr,
-                                         const core::RopeCudaIndex& ix, const float2* cs, int64_t slot,
-                                         bool write_pool, const float* w, float inv, float scale) {
+                                         const core::RopeCudaIndex& ix, const float2* cs, int64_t pos, bool pos_ok,
+                                         int64_t slot, bool write_pool, const float* w, float inv, float scale) {
+    static_assert(!kRowCs || (kNeoxFull && W > 1), "rows are read for the common shape only");
     if constexpr (kNorm != kNoNorm) {
       if (!is_v && (is_q ? p.norm_q : p.norm_k)) {
-        const float* wh = w + (is_q ? 0 : kNormWeightsK);
-        normalize_group<kNorm>(lo, wh + lo_off, inv);
-        if (has_hi()) normalize_group<kNorm>(hi, wh + hi_off, inv);
+        if constexpr (kRowCs) {  // the weights straight from their tensor, as the cos/sin
+          float wv[W];
+          row_norm_weights<kNorm, T>(p, ptr, !is_q, lo_off, wv);
+          normalize_with<kNorm>(lo, [&](int i) { return wv[i]; }, inv);
+          row_norm_weights<kNorm, T>(p, ptr, !is_q, hi_off, wv);
+          normalize_with<kNorm>(hi, [&](int i) { return wv[i]; }, inv);
+        } else {
+          const float* wh = w + (is_q ? 0 : kNormWeightsK);
+          normalize_group<kNorm>(lo, wh + lo_off, inv);
+          if (has_hi()) normalize_group<kNorm>(hi, wh + hi_off, inv);
+        }
       }
     }
     if (neox()) {
       if constexpr (W == 1) {
         rotate(lo.e[0], hi.e[0], cs[freq]);
       } else {
+        float2 row[kRowCs ? W : 1];
+        if constexpr (kRowCs) row_cos_sin<W>(p, ptr, pos, pos_ok, freq, row);
+        const auto at = [&](int i) {  // (cos, sin) of frequency freq + i
+          if constexpr (kRowCs) return row[i];
+          else return cs[freq + i];
+        };
 #pragma unroll
         for (int j = 0; j < W / 2; ++j) {
           const float2 a = lo.get2(j), b = hi.get2(j);
-          const float2 r0 = cs[freq + 2 * j], r1 = cs[freq + 2 * j + 1];
+          const float2 r0 = at(2 * j), r1 = at(2 * j + 1);
           lo.set2(j, rotate_first(a.x, b.x, r0), rotate_first(a.y, b.y, r1));
           hi.set2(j, rotate_second(a.x, b.x, r0), rotate_second(a.y, b.y, r1));
         }
@@ -245,17 +262,21 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // make the common case spill under the occupancy target). kNorm (a NormMode):
 // the QK norm too, where core::rope_norm_in_rotation_kernel allows it (slices
 // then start on head boundaries, so a head's items are lanes of one warp in
-// one round). The parameters: pointers and index plan first, the parameter
+// one round). kRowCs (kNeoxFull, cos_sin_cache given with p.cache_vector,
+// norm weights 16-byte aligned): no block set-up; each item reads its
+// cos/sin from the token's row and its norm weights from their tensors, and
+// the block has no barrier. The parameters:
+// pointers and index plan first, the parameter
 // block with its 1 KB inv_freq table last, so that the fields every block
 // reads share the first cache lines of the parameter bank, which is cold at
 // each launch.
-template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull>
+template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs>
 __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_blocks_per_sm
                                                              : Policy::min_blocks_per_sm)
     rope_pool_kernel(const RopePoolPointers ptr, const core::RopeCudaIndex ix,
                      const __grid_constant__ RopePoolParams p) {
-  __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
-  __shared__ __align__(16) float norm_w[kNorm != kNoNorm ? 2 * kNormWeightsK : 4];
+  __shared__ float2 cs[kRowCs ? 1 : ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
+  __shared__ __align__(16) float norm_w[kNorm != kNoNorm && !kRowCs ? 2 * kNormWeightsK : 4];
   const int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
 
@@ -280,7 +301,8 @@ __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_
   Item<T, W, kNeoxFull> it;
   int item = slice * per_block + threadIdx.x;
   if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
-  const float first_inv_freq = !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
+  const float first_inv_freq =
+      !kRowCs && !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
 
   wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
   // Not at entry, as the copy engine does: the next call's blocks would then
@@ -297,13 +319,17 @@ __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_
 #pragma unroll
   for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
   NormWeightBits first_w;  // the norm weights, staged around the table (start_norm_weights)
-  if constexpr (kNorm != kNoNorm) first_w = start_norm_weights<T>(p, ptr);
+  if constexpr (kNorm != kNoNorm && !kRowCs) first_w = start_norm_weights<T>(p, ptr);
   // One table per block, behind one barrier: a table per warp would repeat
   // the cos/sin work, which costs more than the barrier.
-  for (int i = threadIdx.x; i < half; i += blockDim.x)
-    cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? first_inv_freq : p.inv_freq[i]);
-  if constexpr (kNorm != kNoNorm) finish_norm_weights<T>(norm_w, p, ptr, first_w);
-  __syncthreads();
+  if constexpr (!kRowCs) {
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+      cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? first_inv_freq : p.inv_freq[i]);
+  }
+  if constexpr (!kRowCs) {
+    if constexpr (kNorm != kNoNorm) finish_norm_weights<T>(norm_w, p, ptr, first_w);
+    __syncthreads();
+  }
   for (;;) {
     const bool active = item < end;
     float inv = 0.f;
@@ -312,10 +338,10 @@ __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_
       // until none of its lanes has an item
       if (!__any_sync(0xffffffffu, active)) break;
       inv = it.head_norm_factor(p, lanes, inv_head_dim, active);
-      if (active) it.template finish<kFp8, kNorm>(p, ptr, ix, cs, slot, write_pool, norm_w, inv, scale);
+      if (active) it.template finish<kFp8, kNorm, kRowCs>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale);
     } else {
       if (!active) break;
-      it.template finish<kFp8, kNorm>(p, ptr, ix, cs, slot, write_pool, norm_w, inv, scale);
+      it.template finish<kFp8, kNorm, kRowCs>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale);
     }
     item += blockDim.x;
     if (item < end) {
@@ -327,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_
   }
 }
 
-template <typename T, bool kFp8, bool kNeoxFull>
+template <typename T, bool kFp8, bool kNeoxFull, bool kRowCs>
 cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaStream_t stream) {
   const bool norm = p.norm_q || p.norm_k;
   const core::RopeCudaLaunch shape = core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens);
@@ -335,33 +361,38 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
   const dim3 block(shape.threads);
   constexpr int V = 16 / sizeof(T);
   constexpr int kAhead = Policy::prefetch_rounds_ahead;
-  constexpr bool kF = kNeoxFull;
+  constexpr bool kF = kNeoxFull, kR = kRowCs;
   const core::RopeCudaIndex ix = core::plan_rope_cuda_index(p, shape.splits, norm ? p.qk_items_per_head : 1);
   if (norm) {  // only where core::rope_norm_in_rotation_kernel (so p.width == V)
     constexpr int kRound = kNormRoundThenWeight, kOffset = kNormOffsetWeight;
     const bool round_first = norm_mode(p) == kNormRoundThenWeight;
     if (shape.several_rounds)
       return round_first
-                 ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF>, grid, block, stream, ptrs, ix, p)
-                 : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset, kF>, grid, block, stream, ptrs, ix, p);
-    return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF>, grid, block, stream, ptrs, ix, p)
-                       : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF>, grid, block, stream, ptrs, ix, p);
+                 ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
+                 : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);
+    return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
+                       : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);
   }
   if constexpr (!kNeoxFull) {
     if (p.width == 1)
-      return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8, kNoNorm, false>, grid, block, stream, ptrs, ix, p);
+      return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8, kNoNorm, false, false>, grid, block, stream, ptrs, ix, p);
   }
   // One round per block (small calls, split tokens): nothing to ask for
   // ahead, and the instantiation without the prefetch is leaner.
   if (shape.several_rounds)
-    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kNoNorm, kF>, grid, block, stream, ptrs, ix, p);
-  return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kNoNorm, kF>, grid, block, stream, ptrs, ix, p);
+    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kNoNorm, kF, kR>, grid, block, stream, ptrs, ix, p);
+  return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kNoNorm, kF, kR>, grid, block, stream, ptrs, ix, p);
 }
 
 template <typename T, bool kFp8>
 cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaStream_t stream) {
-  return core::rope_neox_full(p, 16 / sizeof(T)) ? launch_shape<T, kFp8, true>(p, ptrs, stream)
-                                                 : launch_shape<T, kFp8, false>(p, ptrs, stream);
+  if (!core::rope_neox_full(p, 16 / sizeof(T))) return launch_shape<T, kFp8, false, false>(p, ptrs, stream);
+  // The common shape reads cos_sin_cache rows (and the norm weights)
+  // directly where they are aligned.
+  const auto on16 = [](const void* a) { return reinterpret_cast<uintptr_t>(a) % 16 == 0; };
+  const bool rows = p.use_cache && p.cache_vector && (!p.norm_q || on16(ptrs.q_norm_weight)) &&
+                    (!p.norm_k || on16(ptrs.k_norm_weight));
+  return rows ? launch_shape<T, kFp8, true, true>(p, ptrs, stream) : launch_shape<T, kFp8, true, false>(p, ptrs, stream);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ def pools(layout, page_size, slots_total, heads, dim, dtype, combined=False):
 
 
 def run(layout="NHD", page_size=16, dtype=torch.bfloat16, pool_dtype=None, T=65, hq=8, hkv=2, dim=128,
-        per_head_scale=False, combined=False, inplace=False, seed=0):
+        per_head_scale=False, combined=False, inplace=False, seed=0, cache=None):
     g = torch.Generator().manual_seed(seed)
     pool_dtype = pool_dtype or dtype
     # whole pages, at least eight, about twice the tokens
@@ -59,9 +59,10 @@ def run(layout="NHD", page_size=16, dtype=torch.bfloat16, pool_dtype=None, T=65,
     q_in, k_in = q.clone(), k.clone()
     q_rot, k_rot, kp, vp = attnprep.rope_pool_fused(
         q, k, v, positions, slots, k_pool, v_pool, head_dim=dim, num_qo_heads=hq, num_kv_heads=hkv,
-        rope_base=10000.0, kv_layout="NHD" if layout == "flat" else layout, inplace=inplace, **scales)
+        rope_base=10000.0, kv_layout="NHD" if layout == "flat" else layout, inplace=inplace, cos_sin_cache=cache,
+        **scales)
     assert kp is k_pool and vp is v_pool
-    cos, sin = cos_sin(positions, dim, 10000.0)
+    cos, sin = cos_sin(positions, dim, 10000.0, cache)
     assert rope_error_ratio(q_rot, rope_reference(q_in, cos, sin, dim, True), q_in, dim, True) <= 1
     assert rope_error_ratio(k_rot, rope_reference(k_in, cos, sin, dim, True), k_in, dim, True) <= 1
     assert k_rot.dtype == dtype  # returned unquantized
@@ -86,6 +87,15 @@ def test_layouts_and_pool_dtypes(dtype, layout, page_size, pool_dtype):
 @pytest.mark.parametrize("T", [1, 17, 1100])
 def test_combined_buffer_views_and_sizes(T, layout, pool_dtype):
     run(layout, 16, torch.bfloat16, pool_dtype, T=T, combined=True, seed=T)
+
+
+@requires_cuda
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16] + FP8, ids=str)
+@pytest.mark.parametrize("T", [17, 1100])
+def test_pages_and_fp8_with_cos_sin_cache(T, pool_dtype, cache_dtype):
+    cache = attnprep.rope_cos_sin_cache(128, 1 << 16, 1e6, dtype=cache_dtype, device="cuda")
+    run("HND", 16, torch.bfloat16, pool_dtype, T=T, hq=32, hkv=8, combined=True, seed=T, cache=cache)
 
 
 @requires_cuda

@@ -265,12 +265,14 @@ def test_inplace_strided_and_misaligned(T):
 
 
 @requires_cuda
-def test_cos_sin_cache_and_eps():
-    q, k, v, positions, slots, wq, wk = case(65, 8, 2, 128, torch.bfloat16)
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("T, hq, hkv", [(65, 8, 2), (1500, 32, 8)])  # one round per block; three
+def test_cos_sin_cache_and_eps(T, hq, hkv, cache_dtype):
+    q, k, v, positions, slots, wq, wk = case(T, hq, hkv, 128, torch.bfloat16)
     cache = attnprep.rope_cos_sin_cache(128, 1 << 16, 1e6, scaling={"rope_type": "llama3", "factor": 8.0,
                                                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                                     "original_max_position_embeddings": 8192},
-                                        device="cuda")
+                                        dtype=cache_dtype, device="cuda")
     run(q, k, v, positions, slots, wq, wk, cache=cache, eps=1e-2)
     # all-zero heads: 0 * 1/sqrt(eps) = 0, never NaN
     z = torch.zeros_like(q)

@@ -448,6 +448,25 @@ def test_cos_sin_cache_llama3(device, cache_dtype, is_neox):
     check_case(*case, cache=cache, is_neox=is_neox)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("offset", [0, 1, 4, 8])
+@pytest.mark.parametrize("T", [65, 1500])
+def test_cos_sin_cache_at_any_alignment(cache_dtype, offset, T):
+    """The CUDA kernel reads cos/sin straight from a row whose start and sin half
+    sit on 16-byte boundaries, and through its block table otherwise: a table
+    that starts `offset` elements into a larger buffer, with a row stride of
+    rot + offset, takes either path and must give the same rows."""
+    rot, max_pos = 128, 4096
+    table = llama3_cos_sin_cache(rot, max_pos).to(cache_dtype).cuda()
+    buf = torch.full((max_pos + 1, rot + offset), float("nan"), dtype=cache_dtype, device="cuda")
+    cache = buf.view(-1)[offset: offset + max_pos * (rot + offset)].view(max_pos, rot + offset)[:, :rot]
+    cache.copy_(table)
+    case = make_case("cuda", T, 32, 8, 128, torch.bfloat16, max_pos=max_pos, seed=T + offset)
+    case[4][::7] = -1  # some tokens skip the pool
+    check_case(*case, cache=cache)
+
+
 @requires_gpu
 @on_devices
 def test_cos_sin_cache_partial_rotary(device):
