@@ -4,6 +4,8 @@ norm (32/8 and 64/8 heads) and fp8 pages, at T = 1 ... 8192 (bf16, head_dim
 128), with cos/sin from rope_base and from a float32 cos_sin_cache. No peers:
 bench/bench_rope_pool.py makes the tables."""
 
+import argparse
+
 import torch
 
 import attnprep
@@ -15,6 +17,10 @@ MAXPOS = 131072
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--cos-sin", choices=["rope_base", "cache", "both"], default="both", help="where cos/sin come from")
+    a = ap.parse_args()
+    sources = {"rope_base": (False,), "cache": (True,), "both": (False, True)}[a.cos_sin]
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def inputs(T, hq, hkv):
@@ -26,7 +32,7 @@ def main():
 
     rows = []
     table = attnprep.rope_cos_sin_cache(D, MAXPOS, 1e4, device="cuda")
-    for (name, hq, fp8, norm), cache in [(c, x) for x in (False, True) for c in CASES]:
+    for (name, hq, fp8, norm), cache in [(c, x) for x in sources for c in CASES]:
         hkv = 8
         if fp8:
             k_pool = torch.zeros(POOL // 16, 16, hkv, D, device="cuda", dtype=torch.float8_e4m3fn)
