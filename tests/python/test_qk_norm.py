@@ -220,12 +220,15 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("D", [2, 16, 64, 80, 128, 256, 512])
 @pytest.mark.parametrize("offset, w_same", [(0.0, False), (0.0, True), (1.0, True)], ids=["qwen3-f32w", "qwen3", "gemma"])
-def test_normalized_values_are_bit_exact(dtype, D, offset, w_same):
+@pytest.mark.parametrize("with_cache", [False, True], ids=["rope_base", "cache"])
+def test_normalized_values_are_bit_exact(dtype, D, offset, w_same, with_cache):
     """Position 0 rotates by the identity: q_rot/k_rot are the normalized heads,
-    equal to the reference bit for bit."""
+    equal to the reference bit for bit (with a cos_sin_cache the CUDA kernel
+    reads the weights from their tensors instead of staging them)."""
     q, k, v, positions, slots, wq, wk = case(37, 6, 2, D, dtype, seed=D, w_dtype=dtype if w_same else torch.float32)
     positions.zero_()
-    q_rot, k_rot, qn, kn = run(q, k, v, positions, slots, wq, wk, offset=offset)
+    cache = attnprep.rope_cos_sin_cache(D, 4, 1e4, device="cuda") if with_cache else None
+    q_rot, k_rot, qn, kn = run(q, k, v, positions, slots, wq, wk, offset=offset, cache=cache)
     assert torch.equal(q_rot.cpu(), qn) and torch.equal(k_rot.cpu(), kn)
 
 
@@ -248,9 +251,26 @@ def test_partial_rotary_normalizes_the_passed_through_part(rot, is_neox, dtype):
 
 @requires_cuda
 @pytest.mark.parametrize("which", ["q", "k"])
-def test_one_side_only(which):
+@pytest.mark.parametrize("with_cache", [False, True], ids=["rope_base", "cache"])
+def test_one_side_only(which, with_cache):
     q, k, v, positions, slots, wq, wk = case(65, 8, 2, 128, torch.bfloat16)
-    run(q, k, v, positions, slots, wq if which == "q" else None, wk if which == "k" else None)
+    cache = attnprep.rope_cos_sin_cache(128, 1 << 16, 1e4, device="cuda") if with_cache else None
+    run(q, k, v, positions, slots, wq if which == "q" else None, wk if which == "k" else None, cache=cache)
+
+
+@requires_cuda
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("T", [65, 1500])
+def test_cos_sin_cache_with_weights_off_16_bytes(w_dtype, T):
+    """Weights that do not start on 16 bytes: the kernel stages them (the block
+    table path) instead of reading them 16 bytes at a time."""
+    q, k, v, positions, slots, wq, wk = case(T, 32, 8, 128, torch.bfloat16, seed=T, w_dtype=w_dtype)
+    buf = torch.empty(2 * 128 + 2, dtype=w_dtype, device="cuda")
+    wq_odd, wk_odd = buf[1:129], buf[129:257]
+    wq_odd.copy_(wq)
+    wk_odd.copy_(wk)
+    cache = attnprep.rope_cos_sin_cache(128, 1 << 16, 1e4, device="cuda")
+    run(q, k, v, positions, slots, wq_odd, wk_odd, cache=cache, offset=1.0 if T > 100 else 0.0)
 
 
 @requires_cuda
