@@ -3,7 +3,9 @@
 // by every head) into shared memory, then its threads walk the token's work
 // items: rotate each q and k head, store q_rot/k_rot, and scatter the rotated
 // k and the raw v into the pools (paged or flat, in q's dtype or fp8) when the
-// token's slot is in [0, pool_size).
+// token's slot is in [0, pool_size). With an aligned cos_sin_cache the common
+// shape skips the table: each item reads its cos/sin (and norm weights) from
+// their rows, and the block has no barrier (kRowCs).
 #include "cuda/rope_pool.h"
 
 #include "core/rope_pool.h"
