@@ -204,16 +204,27 @@ def check_kv_formats():
 def check_qk_norm():
     """The QK-norm kernel: heads of 2 to 512 elements (one lane per head up to
     32), every tensor ending where its allocation ends, paged and fp8 pools,
-    inplace, the one-element path; the warp's shared rows under racecheck."""
+    inplace, the one-element path; the warp's shared rows under racecheck;
+    with a cos_sin_cache (each ending where its allocation ends) the path
+    that reads cos/sin and weights straight from their rows."""
     from attnprep.testing import rms_norm_reference
-    for dtype, dim, T, neox, layout in [(torch.bfloat16, 128, 17, True, "flat"), (torch.bfloat16, 128, 1100, False, "NHD"),
-                                        (torch.float32, 80, 33, True, "HND"), (torch.float16, 2, 5, True, "flat"),
-                                        (torch.bfloat16, 512, 9, True, "flat"), (torch.float32, 64, 3, False, "flat")]:
+    for dtype, dim, T, neox, layout, with_cache in [
+            (torch.bfloat16, 128, 17, True, "flat", False), (torch.bfloat16, 128, 1100, False, "NHD", False),
+            (torch.float32, 80, 33, True, "HND", False), (torch.float16, 2, 5, True, "flat", False),
+            (torch.bfloat16, 512, 9, True, "flat", False), (torch.float32, 64, 3, False, "flat", False),
+            (torch.bfloat16, 128, 1100, True, "NHD", True), (torch.float32, 80, 33, True, "HND", True),
+            (torch.bfloat16, 512, 9, True, "flat", True)]:
         hq, hkv = 6, 2
         q, k, v = (at_end((T, n, dim), dtype) for n in (hq, hkv, hkv))
         wq, wk = at_end((dim,), torch.float32), at_end((dim,), dtype)
         positions = at_end((T,), torch.int64, fill=False)
-        positions.copy_(torch.randint(0, 1 << 16, (T,), device=DEV))
+        cache = None
+        if with_cache:  # a bfloat16 table for the 16-bit heads, float32 otherwise
+            cache_len = 64
+            ang = torch.rand(cache_len, dim // 2, device=DEV) * 6.3
+            cache = at_end((cache_len, dim), torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
+            cache.copy_(torch.cat([ang.cos(), ang.sin()], dim=1).to(cache.dtype))
+        positions.copy_(torch.randint(0, 64 if with_cache else 1 << 16, (T,), device=DEV))
         page = 16
         total = page * max(2, -(-2 * T // page))
         shape = {"flat": (total, hkv, dim), "NHD": (total // page, page, hkv, dim),
@@ -236,9 +247,10 @@ def check_qk_norm():
         q_rot, k_rot, _, _ = attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=dim,
                                                       num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e4, is_neox=neox,
                                                       kv_layout="NHD" if layout == "flat" else layout, inplace=inplace,
-                                                      q_norm_weight=wq, k_norm_weight=wk, **scales)
-        what = f"norm {dtype} D {dim} T {T} {layout}"
-        cos, sin = cos_sin(positions, dim, 1e4)
+                                                      q_norm_weight=wq, k_norm_weight=wk, cos_sin_cache=cache,
+                                                      **scales)
+        what = f"norm {dtype} D {dim} T {T} {layout}" + (" cache" if with_cache else "")
+        cos, sin = cos_sin(positions, dim, 1e4, cache)
         assert_close_to_reference(k_rot, rope_reference(kn, cos, sin, dim, neox), kn, dim, neox)
         lay = "NHD" if layout == "flat" else layout
         case(same_bits(k_pool, pool_write_reference(before[0], k_rot, slots, lay, scales.get("k_scale"))) and
