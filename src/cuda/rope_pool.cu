@@ -267,11 +267,10 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // one round). kRowCs (kNeoxFull, cos_sin_cache given with p.cache_vector,
 // norm weights 16-byte aligned): no block set-up; each item reads its
 // cos/sin from the token's row and its norm weights from their tensors, and
-// the block has no barrier. The parameters:
-// pointers and index plan first, the parameter
-// block with its 1 KB inv_freq table last, so that the fields every block
-// reads share the first cache lines of the parameter bank, which is cold at
-// each launch.
+// the block has no barrier. The parameters: pointers and index plan first,
+// the parameter block with its 1 KB inv_freq table last, so that the fields
+// every block reads share the first cache lines of the parameter bank, which
+// is cold at each launch.
 template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs>
 __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_blocks_per_sm
                                                              : Policy::min_blocks_per_sm)
@@ -327,8 +326,6 @@ __global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_
   if constexpr (!kRowCs) {
     for (int i = threadIdx.x; i < half; i += blockDim.x)
       cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? first_inv_freq : p.inv_freq[i]);
-  }
-  if constexpr (!kRowCs) {
     if constexpr (kNorm != kNoNorm) finish_norm_weights<T>(norm_w, p, ptr, first_w);
     __syncthreads();
   }
