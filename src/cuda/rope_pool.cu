@@ -178,11 +178,21 @@ struct Item {
     if constexpr (kNorm != kNoNorm) {
       if (!is_v && (is_q ? p.norm_q : p.norm_k)) {
         if constexpr (kRowCs) {  // the weights straight from their tensor, as the cos/sin
-          float wv[W];
-          row_norm_weights<kNorm, T>(p, ptr, !is_q, lo_off, wv);
-          normalize_with<kNorm>(lo, [&](int i) { return wv[i]; }, inv);
-          row_norm_weights<kNorm, T>(p, ptr, !is_q, hi_off, wv);
-          normalize_with<kNorm>(hi, [&](int i) { return wv[i]; }, inv);
+          // 2-byte weights with the Llama/Qwen3 rounding: one paired multiply
+          constexpr bool kPairs = kNorm == kNormRoundThenWeight && sizeof(T) == 2;
+          if (kPairs && !(is_q ? p.q_norm_f32 : p.k_norm_f32)) {
+            if constexpr (kPairs) {
+              const T* wt = static_cast<const T*>(is_q ? ptr.q_norm_weight : ptr.k_norm_weight);
+              normalize_round_then_t_weight(lo, wt + lo_off, inv);
+              normalize_round_then_t_weight(hi, wt + hi_off, inv);
+            }
+          } else {
+            float wv[W];
+            row_norm_weights<kNorm, T>(p, ptr, !is_q, lo_off, wv);
+            normalize_with<kNorm>(lo, [&](int i) { return wv[i]; }, inv);
+            row_norm_weights<kNorm, T>(p, ptr, !is_q, hi_off, wv);
+            normalize_with<kNorm>(hi, [&](int i) { return wv[i]; }, inv);
+          }
         } else {
           const float* wh = w + (is_q ? 0 : kNormWeightsK);
           normalize_group<kNorm>(lo, wh + lo_off, inv);

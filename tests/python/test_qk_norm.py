@@ -3,6 +3,8 @@ the normalized values bit for bit against attnprep.testing.rms_norm_reference,
 norm + RoPE against the float64 rotation of them, every KV format, graphs,
 torch.compile, and transformers' own Qwen3 and Gemma 3 norm + RoPE."""
 
+import math
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -229,6 +231,35 @@ def test_normalized_values_are_bit_exact(dtype, D, offset, w_same, with_cache):
     positions.zero_()
     cache = attnprep.rope_cos_sin_cache(D, 4, 1e4, device="cuda") if with_cache else None
     q_rot, k_rot, qn, kn = run(q, k, v, positions, slots, wq, wk, offset=offset, cache=cache)
+    assert torch.equal(q_rot.cpu(), qn) and torch.equal(k_rot.cpu(), kn)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_cache", [False, True], ids=["rope_base", "cache"])
+def test_weights_down_to_subnormal_products_are_bit_exact(dtype, with_cache):
+    """Weights in q's dtype from its smallest subnormal to near its largest
+    finite value, normalized values over 13 binades: the products are
+    subnormal, tiny, or large in q's dtype, and still the reference's bit for
+    bit (with a cos_sin_cache the CUDA kernel multiplies them as pairs in q's
+    dtype, rounding once)."""
+    D = 128
+    q, k, v, positions, slots, _, _ = case(41, 6, 2, D, dtype, seed=5)
+    positions.zero_()
+    g = torch.Generator().manual_seed(6)
+    info = torch.finfo(dtype)
+    tiny = math.log2(info.smallest_normal) - {torch.float16: 10, torch.bfloat16: 7}[dtype]  # the smallest subnormal
+    big = math.log2(info.max) - 5  # |normalized| <= sqrt(128) < 2^4: no overflow
+    exps = torch.cat([torch.linspace(tiny, tiny + 14, D // 2), torch.linspace(big - 14, big, D // 2)]).round()
+    sign = torch.where(torch.rand(D, generator=g) < 0.5, -1.0, 1.0)
+    wq = (sign * torch.exp2(exps)).to(dtype).cuda()
+    wk = wq.flip(0).contiguous()
+    assert (wq.float().abs() < info.smallest_normal).any()
+    q, k = ((x.float().cpu() * torch.exp2(-torch.randint(0, 13, x.shape, generator=g).float())).to(dtype).cuda()
+            for x in (q, k))
+    cache = attnprep.rope_cos_sin_cache(D, 4, 1e4, device="cuda") if with_cache else None
+    q_rot, k_rot, qn, kn = run(q, k, v, positions, slots, wq, wk, cache=cache)
+    assert (qn.float().abs() < info.smallest_normal).logical_and(qn != 0).any()
     assert torch.equal(q_rot.cpu(), qn) and torch.equal(k_rot.cpu(), kn)
 
 
