@@ -115,6 +115,12 @@ struct RopeCudaPolicy {
   // sums, the factor, the weights) fit in 56 per thread without spills, so 9
   // blocks of 128 threads share a multiprocessor's registers.
   static constexpr int32_t norm_min_blocks_per_sm = 9;
+  // ... except where a block serves one round of items (split tokens, small
+  // calls) and the pools are in q's dtype: there a tenth block per
+  // multiprocessor shortens the call more than the 8 bytes of spills at 48
+  // registers cost it (with several rounds per block they cost more; fp8
+  // pools would spill 12-16 bytes).
+  static constexpr int32_t norm_one_round_min_blocks_per_sm = 10;
   // The general QK-norm kernel (a lane holds up to 16 elements) needs up to
   // 64 registers: 8 blocks (at 9 it spilled 12-44 bytes).
   static constexpr int32_t general_norm_min_blocks_per_sm = 8;

@@ -269,7 +269,8 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 
 // Block (t, s): token t, the (gridDim.y - 1 - s)-th of gridDim.y slices of
 // its work items.
-// kAhead: while on an item, ask L2 for the one kAhead rounds later. kFp8: the
+// kAhead: while on an item, ask L2 for the one kAhead rounds later (0: the
+// blocks serve one round, core::RopeCudaPolicy's one-round bounds). kFp8: the
 // pools are float8 (a separate instantiation: the conversion's registers would
 // make the common case spill under the occupancy target). kNorm (a NormMode):
 // the QK norm too, where core::rope_norm_in_rotation_kernel allows it (slices
@@ -282,8 +283,9 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // every block reads share the first cache lines of the parameter bank, which
 // is cold at each launch.
 template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs>
-__global__ void __launch_bounds__(kThreads, kNorm != kNoNorm ? Policy::norm_min_blocks_per_sm
-                                                             : Policy::min_blocks_per_sm)
+__global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_blocks_per_sm
+                                           : kAhead == 0 && !kFp8 ? Policy::norm_one_round_min_blocks_per_sm
+                                                                  : Policy::norm_min_blocks_per_sm)
     rope_pool_kernel(const RopePoolPointers ptr, const core::RopeCudaIndex ix,
                      const __grid_constant__ RopePoolParams p) {
   __shared__ float2 cs[kRowCs ? 1 : ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
