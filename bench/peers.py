@@ -32,7 +32,10 @@ except ImportError:  # the Triton peer is skipped
 def pack_cat5d(q, k, v, w):
     rows, heads, dim = q.shape
     parts = [t.reshape(rows, w, heads // w, 1, dim) for t in (q, k, v)]
-    return torch.cat(parts, 3).permute(1, 0, 2, 3, 4).reshape(w, rows, heads // w, 3 * dim)
+    # contiguous before the merge of the last two dims: without it reshape
+    # returns a view of the cat in (row, destination) order, the right values
+    # in a layout all_to_all_single cannot send
+    return torch.cat(parts, 3).permute(1, 0, 2, 3, 4).contiguous().view(w, rows, heads // w, 3 * dim)
 
 
 def pack_cat_last(q, k, v, w):
@@ -76,6 +79,15 @@ def merge_copy(x):
 
 
 MERGE_FORMULATIONS: Dict[str, Callable] = {"permute + contiguous": merge_permute, "empty + copy_": merge_copy}
+
+
+def check(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
+    """A peer's output: the reference's values in a contiguous tensor of the
+    reference's shape, as attnprep returns it (the all_to_all_single send
+    buffer, the layout attention reads). Values alone would let a formulation
+    return a strided view and skip the reordering being measured."""
+    assert got.shape == want.shape and got.is_contiguous(), f"{name}: not a contiguous {tuple(want.shape)} tensor"
+    assert torch.equal(got, want), f"{name}: wrong values"
 
 
 def compiled_static(fn: Callable, *example) -> Callable:
