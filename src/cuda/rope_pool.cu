@@ -21,6 +21,9 @@ using namespace rope;
 
 using Policy = core::RopeCudaPolicy;
 constexpr int kThreads = Policy::max_threads;
+// kAhead == 0 marks the instantiations whose blocks serve one round (the
+// launcher's choice below), which the launch bounds rely on.
+static_assert(Policy::prefetch_rounds_ahead > 0, "several-round blocks must prefetch");
 
 // One work item: up to two groups of W elements of one head (lo, and hi when
 // `two`), where they come from and go to, and which frequencies rotate them.
