@@ -179,6 +179,19 @@ __device__ __forceinline__ void row_cos_sin(const RopePoolParams& p, const RopeP
   }
 }
 
+// Asks L1 for the lines of the token's cos_sin_cache row that row_cos_sin
+// will read for frequencies freq ... (cos and sin), as soon as the position
+// is known: the row of a new position is usually in DRAM, and the read itself
+// comes only after the item's loads (and its norm), so without this its round
+// trip adds to every block's first round, and to the kernel's last wave.
+__device__ __forceinline__ void prefetch_row_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr,
+                                                     int64_t pos, int freq) {
+  const int elem = p.cache_bf16 ? 2 : 4;
+  const char* row = static_cast<const char*>(ptr.cos_sin_cache) + (pos * p.cache_stride + freq) * elem;
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(row));
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(row + (p.rotary_dim / 2) * elem));
+}
+
 // Token t's position and slot. A position outside cos_sin_cache must not be
 // read: its rows become NaN and its pool write is skipped (check_slots=True
 // reports it on the host); a slot outside [0, pool_size) is not written.

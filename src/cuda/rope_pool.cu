@@ -331,6 +331,10 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   if (item < end) {
     it.load();
     scale = it.template pool_scale_of<kFp8>(p, ptr);
+    // Blocks of several rounds only: in one-round blocks (small calls) it
+    // made graph replay slower, where the rows are in L2 already.
+    if constexpr (kRowCs && kAhead > 0)
+      if (!it.is_v && pos_ok) prefetch_row_cos_sin(p, ptr, pos, it.freq);
   }
 #pragma unroll
   for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
