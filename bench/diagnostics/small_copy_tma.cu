@@ -14,6 +14,7 @@
 //        src/cuda/strided_copy.cu src/cuda/launch.cu bench/diagnostics/launch_probe.cu src/core/strided_copy.cpp -o /tmp/tma && /tmp/tma
 #include <cuda_runtime.h>
 
+#include "bulk_copy.cuh"
 #include "core/strided_copy.h"
 #include "cuda/launch.h"
 #include "launch_probe.h"
@@ -38,8 +39,6 @@ struct BulkPack {
   int units;  // kWorld * rows
 };
 
-__device__ __forceinline__ uint32_t smem(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
 template <int R, bool kFullWait>
 __global__ void __launch_bounds__(R) bulk_pack_kernel(const __grid_constant__ BulkPack p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies and mbarrier tx counts: sm_90 on
@@ -49,33 +48,20 @@ __global__ void __launch_bounds__(R) bulk_pack_kernel(const __grid_constant__ Bu
   const int unit = blockIdx.x * R + threadIdx.x;
   const bool has = unit < p.units;
   const int w = unit / p.rows, r = unit - w * p.rows;
-  const uint32_t b = smem(&bar[threadIdx.x]), s = smem(buf[threadIdx.x]);
-  if (has) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n fence.proxy.async.shared::cta;" ::: "memory");
+  const uint32_t b = diag::smem(&bar[threadIdx.x]), s = diag::smem(buf[threadIdx.x]);
+  if (has) diag::mbarrier_init(b);
   wait_for_prior_kernels();
   if (!has) return;
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(kUnitBytes) : "memory");
-  for (int j = 0; j < 3; ++j) {
-    const unsigned char* from = p.src[j] + (static_cast<int64_t>(r) * kHeads + w) * kHeadBytes;
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     s + j * kHeadBytes),
-                 "l"(from), "r"(kHeadBytes), "r"(b)
-                 : "memory");
-  }
-  uint32_t done = 0;
-  while (!done)
-    asm volatile("{\n .reg .pred q;\n mbarrier.try_wait.parity.shared::cta.b64 q, [%1], 0;\n selp.u32 %0, 1, 0, q;\n}"
-                 : "=r"(done)
-                 : "r"(b)
-                 : "memory");
-  unsigned char* to = p.dst + static_cast<int64_t>(unit) * kUnitBytes;  // unit = w * rows + r
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(to), "r"(s), "r"(kUnitBytes)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  diag::mbarrier_expect(b, kUnitBytes);
+  for (int j = 0; j < 3; ++j)
+    diag::bulk_load(s + j * kHeadBytes, p.src[j] + (static_cast<int64_t>(r) * kHeads + w) * kHeadBytes, kHeadBytes, b);
+  diag::mbarrier_wait(b);
+  diag::bulk_store(p.dst + static_cast<int64_t>(unit) * kUnitBytes, s, kUnitBytes);  // unit = w * rows + r
+  diag::bulk_commit();
   if constexpr (kFullWait)
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    diag::bulk_wait();
   else
-    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    diag::bulk_wait_read();
 #endif
 }
 

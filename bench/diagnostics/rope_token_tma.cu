@@ -1,0 +1,159 @@
+// Would a token staged in shared memory by bulk copies (TMA) move
+// rope_pool_fused's bytes faster than the library's kernel, whose threads each
+// keep one 32-byte item in flight? A prototype of the common shape only:
+// bf16 q/k/v of contiguous [T, heads, 128] tensors, NeoX pairs over the whole
+// head, cos/sin from a float32 [max_position, 128] cos_sin_cache, flat bf16
+// pools [pool, kv_heads, 128], optionally the QK norm with bf16 weights and
+// the Llama/Qwen3 rounding. One block of 128 threads per token: one thread
+// asks for the token's q, k and v rows and its cache row with four bulk
+// copies on one mbarrier (up to 20 KB in flight per block, no registers
+// held), the threads rotate (and normalize) the q and k heads in shared
+// memory with the library's own device arithmetic (cuda/rope_device.cuh, so
+// the results are bit-exact with it), and one thread writes q_rot, k_rot and
+// both pool rows back with bulk stores. Positions must lie inside the cache
+// (the library's NaN rows and skipped write for the others are not
+// reproduced); slots outside [0, pool_size) skip the pool writes.
+//
+// A diagnostic for docs/performance-notes.md, not a kernel of the library:
+// bench/diagnostics/rope_token_tma.py builds it as a shared library, checks
+// it against attnprep.rope_pool_fused and times both.
+//   nvcc -O3 -std=c++17 -arch=sm_90 -Isrc -Ibench/diagnostics -shared -Xcompiler -fPIC \
+//        bench/diagnostics/rope_token_tma.cu -o /tmp/rope_token_tma.so
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "bulk_copy.cuh"
+#include "cuda/rope_device.cuh"
+
+namespace {
+
+using T = __nv_bfloat16;
+using namespace attnprep::cuda::rope;
+
+constexpr int kD = 128, kHalf = kD / 2, kW = 8;  // head_dim, pairs, elements per 16 bytes
+constexpr int kThreads = 128, kLanes = kHalf / kW;  // a head's items: one lane each
+
+struct Args {
+  const T *q, *k, *v;
+  const int64_t *positions, *slots;
+  T *k_pool, *v_pool, *q_out, *k_out;
+  const float* cache;  // [max_position, 128]: cos half, sin half
+  const T *q_weight, *k_weight;
+  int64_t pool_size;
+  RopePoolParams norm;  // norm_eps and head_dim, for norm_factor_pow2
+};
+
+template <int HQ, int HKV, bool kNorm>
+__global__ void __launch_bounds__(kThreads) rope_token_kernel(const __grid_constant__ Args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies and mbarrier tx counts: sm_90 on
+  constexpr int kQBytes = HQ * kD * 2, kKBytes = HKV * kD * 2, kCsBytes = kD * 4;
+  __shared__ alignas(128) T sq[HQ * kD];
+  __shared__ alignas(128) T sk[HKV * kD];
+  __shared__ alignas(128) T sv[HKV * kD];
+  __shared__ alignas(128) float cs[kD];
+  __shared__ alignas(8) uint64_t bar;
+  const int64_t t = blockIdx.x;
+  const uint32_t b = diag::smem(&bar);
+  if (threadIdx.x == 0) diag::mbarrier_init(b);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    diag::mbarrier_expect(b, kQBytes + 2 * kKBytes + kCsBytes);
+    diag::bulk_load(diag::smem(sq), a.q + t * HQ * kD, kQBytes, b);
+    diag::bulk_load(diag::smem(sk), a.k + t * HKV * kD, kKBytes, b);
+    diag::bulk_load(diag::smem(sv), a.v + t * HKV * kD, kKBytes, b);
+    diag::bulk_load(diag::smem(cs), a.cache + a.positions[t] * kD, kCsBytes, b);
+  }
+  const int64_t slot = a.slots[t];
+  const bool write_pool = slot >= 0 && slot < a.pool_size;
+  diag::mbarrier_wait(b);
+  if (threadIdx.x == 0 && write_pool) diag::bulk_store(a.v_pool + slot * HKV * kD, diag::smem(sv), kKBytes);
+
+  // q and k heads, kLanes items per head (lo: pairs sub * 8 ..., hi: the
+  // same + 64): whole warps, so the butterfly has every lane of its warp
+  constexpr int kItems = (HQ + HKV) * kLanes;
+  static_assert(kItems % 32 == 0, "whole warps of items");
+  for (int item = threadIdx.x; item < kItems; item += kThreads) {
+    const int head = item / kLanes, sub = item % kLanes;
+    const bool is_q = head < HQ;
+    T* row = is_q ? sq + head * kD : sk + (head - HQ) * kD;
+    const int lo_off = sub * kW, hi_off = kHalf + sub * kW;
+    Group<T, kW> lo, hi;
+    *reinterpret_cast<uint4*>(lo.e) = *reinterpret_cast<const uint4*>(row + lo_off);
+    *reinterpret_cast<uint4*>(hi.e) = *reinterpret_cast<const uint4*>(row + hi_off);
+    if constexpr (kNorm) {  // as the library's head_norm_factor and row-path weights
+      float lo_sum = group_squares(lo), hi_sum = group_squares(hi);
+      for (int off = 1; off < kLanes; off *= 2) {
+        lo_sum = __fadd_rn(lo_sum, __shfl_xor_sync(0xffffffffu, lo_sum, off));
+        hi_sum = __fadd_rn(hi_sum, __shfl_xor_sync(0xffffffffu, hi_sum, off));
+      }
+      const float inv = norm_factor_pow2(__fadd_rn(lo_sum, hi_sum), 1.f / kD, a.norm);
+      const T* w = is_q ? a.q_weight : a.k_weight;
+      normalize_round_then_t_weight(lo, w + lo_off, inv);
+      normalize_round_then_t_weight(hi, w + hi_off, inv);
+    }
+#pragma unroll
+    for (int j = 0; j < kW / 2; ++j) {
+      const float2 x = lo.get2(j), y = hi.get2(j);
+      const int f = sub * kW + 2 * j;
+      const float2 r0 = make_float2(cs[f], cs[kHalf + f]), r1 = make_float2(cs[f + 1], cs[kHalf + f + 1]);
+      lo.set2(j, rotate_first(x.x, y.x, r0), rotate_first(x.y, y.y, r1));
+      hi.set2(j, rotate_second(x.x, y.x, r0), rotate_second(x.y, y.y, r1));
+    }
+    *reinterpret_cast<uint4*>(row + lo_off) = *reinterpret_cast<const uint4*>(lo.e);
+    *reinterpret_cast<uint4*>(row + hi_off) = *reinterpret_cast<const uint4*>(hi.e);
+  }
+  // the threads' shared-memory writes, visible to the bulk stores
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    diag::bulk_store(a.q_out + t * HQ * kD, diag::smem(sq), kQBytes);
+    diag::bulk_store(a.k_out + t * HKV * kD, diag::smem(sk), kKBytes);
+    if (write_pool) diag::bulk_store(a.k_pool + slot * HKV * kD, diag::smem(sk), kKBytes);
+    diag::bulk_commit();
+    diag::bulk_wait_read();  // shared memory must outlive the stores' reads of it
+  }
+#endif
+}
+
+template <int HQ, int HKV, bool kNorm>
+int launch(const Args& a, int64_t tokens, cudaStream_t stream) {
+  rope_token_kernel<HQ, HKV, kNorm><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(a);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <int HQ, int HKV, bool kNorm>
+int occupancy() {
+  int blocks = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, rope_token_kernel<HQ, HKV, kNorm>, kThreads, 0);
+  return blocks;
+}
+
+}  // namespace
+
+// 32 or 64 q heads, 8 kv heads; norm_eps < 0: no QK norm. Returns a cudaError_t.
+extern "C" int rope_token_tma(const void* q, const void* k, const void* v, const int64_t* positions,
+                              const int64_t* slots, void* k_pool, void* v_pool, const float* cache, void* q_out,
+                              void* k_out, const void* q_weight, const void* k_weight, float norm_eps, int64_t tokens,
+                              int q_heads, int64_t pool_size, void* stream) {
+  Args a{static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), positions, slots,
+         static_cast<T*>(k_pool), static_cast<T*>(v_pool), static_cast<T*>(q_out), static_cast<T*>(k_out), cache,
+         static_cast<const T*>(q_weight), static_cast<const T*>(k_weight), pool_size, RopePoolParams{}};
+  a.norm.head_dim = kD;
+  a.norm.norm_eps = norm_eps;
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (tokens == 0) return 0;
+  const bool norm = norm_eps >= 0.f;
+  if (q_heads == 32) return norm ? launch<32, 8, true>(a, tokens, s) : launch<32, 8, false>(a, tokens, s);
+  if (q_heads == 64) return norm ? launch<64, 8, true>(a, tokens, s) : launch<64, 8, false>(a, tokens, s);
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+// Resident blocks per SM of each instantiation: 32/8, 32/8 norm, 64/8, 64/8 norm.
+extern "C" void rope_token_tma_occupancy(int* out) {
+  out[0] = occupancy<32, 8, false>();
+  out[1] = occupancy<32, 8, true>();
+  out[2] = occupancy<64, 8, false>();
+  out[3] = occupancy<64, 8, true>();
+}
