@@ -4,6 +4,13 @@
 // inputs, is compared byte for byte with the engine's output, and is timed
 // (median of CUDA events over calls rotating between two input sets, each
 // several times L2) against cudaMemcpyAsync of the same bytes in the same run.
+// Then small packs (rows 1, 65, 512 of 8 heads, world 8), where attnprep's
+// call timed alone trails Inductor's kernel (docs/performance-notes.md):
+// each call timed alone (CUDA events around it, queued behind a spin kernel,
+// as bench/ times ops) and under graph replay, for the engine (PDL on and
+// off), the flat kernel reading its divisors from the parameter block, and
+// the same kernel with the shape compiled in (as Inductor compiles each
+// shape), to tell what the engine's start costs.
 //   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -Isrc -Ibench/diagnostics \
 //     bench/diagnostics/pack_order.cu src/cuda/strided_copy.cu src/cuda/launch.cu src/core/strided_copy.cpp \
 //     src/core/pack_qkv.cpp src/core/tensor.cpp src/core/overlap.cpp -o /tmp/pack_order && /tmp/pack_order
@@ -16,6 +23,7 @@
 
 #include "core/fast_divmod.h"
 #include "core/pack_qkv.h"
+#include "cuda/launch.h"
 #include "cuda/strided_copy.h"
 #include "graph_replay.h"
 
@@ -80,6 +88,28 @@ __global__ void __launch_bounds__(kThreads) flat_pack(const __grid_constant__ Fl
     if (has[u]) p.out[base + u * kThreads] = v[u];
 }
 
+// flat_pack with the shape compiled in: (rows, 8 heads of 16 vectors, world
+// 8) of contiguous q, k, v, so every division is by a constant and the only
+// parameters are the pointers.
+template <int kThreads, int kRows>
+__global__ void __launch_bounds__(kThreads) fixed_pack(const uint4* q, const uint4* k, const uint4* v, uint4* out) {
+  constexpr int kSeg = 16, kHeads = 8, kTotal = 3 * kRows * kHeads * kSeg;  // local heads: 1
+  const int i = blockIdx.x * kThreads + threadIdx.x;
+  if (i >= kTotal) return;
+  const int row = i / (3 * kSeg), c = i % (3 * kSeg), which = c / kSeg, e = c % kSeg;
+  const int d = row / kRows, r = row % kRows;  // destination, token row
+  const uint4* src = which == 0 ? q : which == 1 ? k : v;
+  out[i] = __ldg(src + (r * kHeads + d) * kSeg + e);
+}
+
+// About `cycles` clock cycles of one thread: queued ahead of a timed call so
+// that the host's launch cost is not in the events' interval.
+__global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
 __global__ void count_diff(const uint4* a, const uint4* b, int64_t n, unsigned long long* bad) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const uint4 x = a[i], y = b[i];
@@ -94,14 +124,18 @@ __global__ void fill(uint4* p, int64_t n, uint32_t seed) {
   }
 }
 
+// Median ms of `launch(i)` between CUDA events; with spin_cycles, each call
+// queued behind a spin kernel of that many cycles (the call timed alone,
+// without the host's launch cost in the interval).
 template <typename Launch>
-float median_ms(Launch launch, int iters = 40) {
+float median_ms(Launch launch, int iters = 40, long long spin_cycles = 0) {
   std::vector<float> t;
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
   for (int i = 0; i < 4; ++i) launch(i);
   for (int i = 0; i < iters; ++i) {
+    if (spin_cycles) spin<<<1, 1>>>(spin_cycles);
     CHECK_CUDA(cudaEventRecord(a));
     launch(i);
     CHECK_CUDA(cudaEventRecord(b));
@@ -111,6 +145,8 @@ float median_ms(Launch launch, int iters = 40) {
     t.push_back(ms);
   }
   std::sort(t.begin(), t.end());
+  CHECK_CUDA(cudaEventDestroy(a));
+  CHECK_CUDA(cudaEventDestroy(b));
   return t[t.size() / 2];
 }
 
@@ -124,6 +160,39 @@ attnprep::core::TensorArg arg(void* data, int64_t rows, int64_t heads, int64_t d
   t.shape[0] = rows, t.shape[1] = heads, t.shape[2] = dim;
   t.strides[0] = row_stride, t.strides[1] = dim, t.strides[2] = 1;
   return t;
+}
+
+// The library's plan for packing q, k, v (bf16 [rows, heads, dim]) into a
+// contiguous `out`, as pack_qkv_destination_major makes it.
+attnprep::core::StridedCopyPlan engine_plan(const attnprep::core::TensorArg (&qkv)[3], int64_t world, void* out) {
+  const auto shape = attnprep::core::check_pack_qkv_inputs(qkv[0], qkv[1], qkv[2], world);
+  attnprep::core::TensorArg o = arg(out, 1, 1, 1, 1);
+  o.ndim = 4;
+  for (int d = 0; d < 4; ++d) o.shape[d] = shape.out_shape[d];
+  o.strides[3] = 1, o.strides[2] = o.shape[3], o.strides[1] = o.shape[2] * o.shape[3];
+  o.strides[0] = o.shape[1] * o.strides[1];
+  return attnprep::core::plan_pack_qkv(shape, qkv[0], qkv[1], qkv[2], o);
+}
+
+// flat_pack's parameters for the same pack.
+FlatPack flat_plan(const attnprep::core::TensorArg (&qkv)[3], int64_t world, uint4* out) {
+  const int64_t rows = qkv[0].shape[0], heads = qkv[0].shape[1], dim = qkv[0].shape[2];
+  FlatPack p;
+  for (int j = 0; j < 3; ++j) {
+    p.src[j] = static_cast<const uint4*>(qkv[j].data);
+    p.row_stride[j] = qkv[j].strides[0] * 2 / 16;
+    p.head_stride[j] = dim * 2 / 16;
+  }
+  p.out = out;
+  p.seg = static_cast<int32_t>(dim * 2 / 16);
+  p.local = static_cast<int32_t>(heads / world);
+  p.rows = static_cast<int32_t>(rows);
+  p.total = 3 * rows * heads * dim * 2 / 16;
+  p.by_row3 = FastDivmod(3 * p.seg);
+  p.by_seg = FastDivmod(p.seg);
+  p.by_local = FastDivmod(p.local);
+  p.by_rows = FastDivmod(p.rows);
+  return p;
 }
 
 template <int T, int U, int L = 0>
@@ -158,38 +227,17 @@ void run_shape(int64_t rows, int64_t heads, int64_t dim, int64_t world, bool fus
       qkv[j] = fused ? arg(b + j * heads * dim * 2, rows, heads, dim, 3 * heads * dim)
                      : arg(b + j * per * 2, rows, heads, dim, heads * dim);
   };
-  auto engine_plan = [&](const Set& s, void* out) {
+  auto plan_of = [&](const Set& s, void* out) {
     attnprep::core::TensorArg qkv[3];
     tensors(s, qkv);
-    const auto shape = attnprep::core::check_pack_qkv_inputs(qkv[0], qkv[1], qkv[2], world);
-    attnprep::core::TensorArg o = arg(out, 1, 1, 1, 1);
-    o.ndim = 4;
-    for (int d = 0; d < 4; ++d) o.shape[d] = shape.out_shape[d];
-    o.strides[3] = 1, o.strides[2] = o.shape[3], o.strides[1] = o.shape[2] * o.shape[3];
-    o.strides[0] = o.shape[1] * o.strides[1];
-    return attnprep::core::plan_pack_qkv(shape, qkv[0], qkv[1], qkv[2], o);
+    return engine_plan(qkv, world, out);
   };
   auto flat = [&](const Set& s, uint4* out) {
     attnprep::core::TensorArg qkv[3];
     tensors(s, qkv);
-    FlatPack p;
-    for (int j = 0; j < 3; ++j) {
-      p.src[j] = static_cast<const uint4*>(qkv[j].data);
-      p.row_stride[j] = qkv[j].strides[0] * 2 / 16;
-      p.head_stride[j] = dim * 2 / 16;
-    }
-    p.out = out;
-    p.seg = static_cast<int32_t>(dim * 2 / 16);
-    p.local = static_cast<int32_t>(heads / world);
-    p.rows = static_cast<int32_t>(rows);
-    p.total = bytes / 16;
-    p.by_row3 = FastDivmod(3 * p.seg);
-    p.by_seg = FastDivmod(p.seg);
-    p.by_local = FastDivmod(p.local);
-    p.by_rows = FastDivmod(p.rows);
-    return p;
+    return flat_plan(qkv, world, out);
   };
-  const auto ref_plan = engine_plan(sets[0], ref);
+  const auto ref_plan = plan_of(sets[0], ref);
   CHECK_CUDA(attnprep::cuda::strided_copy(ref_plan, 0));
   const float copy = median_ms([&](int i) { CHECK_CUDA(cudaMemcpyAsync(sets[i % g_sets].out, sets[i % g_sets].in, bytes, cudaMemcpyDeviceToDevice)); });
   std::printf("| (%lld, %lld, %lld, %lld)%s | memcpy %.1f us |", (long long)rows, (long long)heads, (long long)dim,
@@ -204,7 +252,7 @@ void run_shape(int64_t rows, int64_t heads, int64_t dim, int64_t world, bool fus
     std::printf(" %s %.1f%%%s |", name, 100.0 * copy / t, *bad ? " MISMATCH" : "");
   };
   // plans made before timing, so that the events time the device alone
-  const attnprep::core::StridedCopyPlan plans[2] = {engine_plan(sets[0], sets[0].out), engine_plan(sets[1], sets[1].out)};
+  const attnprep::core::StridedCopyPlan plans[2] = {plan_of(sets[0], sets[0].out), plan_of(sets[1], sets[1].out)};
   const FlatPack flats[2] = {flat(sets[0], sets[0].out), flat(sets[1], sets[1].out)};
   report("engine", [&](int i) { CHECK_CUDA(attnprep::cuda::strided_copy(plans[i % g_sets], 0)); });
   report("flat 128x1", [&](int i) { launch_flat<128, 1>(flats[i % g_sets]); });
@@ -217,6 +265,61 @@ void run_shape(int64_t rows, int64_t heads, int64_t dim, int64_t world, bool fus
     CHECK_CUDA(cudaFree(s.in));
     CHECK_CUDA(cudaFree(s.out));
   }
+  CHECK_CUDA(cudaFree(ref));
+  CHECK_CUDA(cudaFree(bad));
+}
+
+template <int kRows>
+void run_small() {
+  constexpr int64_t heads = 8, dim = 128, world = 8;
+  const int64_t per = kRows * heads * dim, bytes = 3 * per * 2;
+  uint4 *in, *out, *ref;
+  CHECK_CUDA(cudaMalloc(&in, bytes));
+  CHECK_CUDA(cudaMalloc(&out, bytes));
+  CHECK_CUDA(cudaMalloc(&ref, bytes));
+  fill<<<64, 256>>>(in, bytes / 16, 777u);
+  unsigned long long* bad;
+  CHECK_CUDA(cudaMallocManaged(&bad, 8));
+  auto* base = reinterpret_cast<unsigned char*>(in);
+  attnprep::core::TensorArg qkv[3];
+  for (int j = 0; j < 3; ++j) qkv[j] = arg(base + j * per * 2, kRows, heads, dim, heads * dim);
+  const auto ref_plan = engine_plan(qkv, world, ref), plan = engine_plan(qkv, world, out);
+  CHECK_CUDA(attnprep::cuda::strided_copy(ref_plan, 0));
+  const FlatPack p = flat_plan(qkv, world, out);
+  auto report = [&](const char* name, auto launch) {
+    CHECK_CUDA(cudaMemset(out, 0xff, bytes));
+    launch(0);
+    *bad = 0;
+    count_diff<<<64, 256>>>(out, ref, bytes / 16, bad);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const bool ok = *bad == 0;
+    const double alone = 1e3 * median_ms([&](int) { launch(0); }, 200, 1000000);
+    const double replay = replay_us([&](cudaStream_t s) { launch(s); });
+    std::printf("| %d | %s | %.2f | %.3f | %s |\n", kRows, name, alone, replay, ok ? "equal" : "MISMATCH");
+  };
+  const auto* q = p.src[0];
+  const auto* k = p.src[1];
+  const auto* v = p.src[2];
+  const unsigned blocks256 = static_cast<unsigned>((p.total + 255) / 256), blocks128 = static_cast<unsigned>((p.total + 127) / 128);
+  auto floor = [&](const char* name, auto launch) {  // references without the pack's output
+    std::printf("| %d | %s | %.2f | %.3f | |\n", kRows, name, 1e3 * median_ms([&](int) { launch(0); }, 200, 1000000),
+                replay_us(launch));
+  };
+  floor("empty kernel", [](cudaStream_t s) { empty_kernel<<<1, 1, 0, s>>>(); });
+  floor("cudaMemcpyAsync of the bytes", [&](cudaStream_t s) {
+    CHECK_CUDA(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, s));
+  });
+  attnprep::cuda::set_pdl_mode(1);
+  report("engine, PDL", [&](cudaStream_t s) { CHECK_CUDA(attnprep::cuda::strided_copy(plan, s)); });
+  attnprep::cuda::set_pdl_mode(0);
+  report("engine, no PDL", [&](cudaStream_t s) { CHECK_CUDA(attnprep::cuda::strided_copy(plan, s)); });
+  report("flat 256x1, divisors from parameters", [&](cudaStream_t s) { flat_pack<256, 1><<<blocks256, 256, 0, s>>>(p); });
+  report("flat 128x1, divisors from parameters", [&](cudaStream_t s) { flat_pack<128, 1><<<blocks128, 128, 0, s>>>(p); });
+  report("fixed 256x1, shape compiled in", [&](cudaStream_t s) { fixed_pack<256, kRows><<<blocks256, 256, 0, s>>>(q, k, v, out); });
+  report("fixed 128x1, shape compiled in", [&](cudaStream_t s) { fixed_pack<128, kRows><<<blocks128, 128, 0, s>>>(q, k, v, out); });
+  attnprep::cuda::set_pdl_mode(-1);
+  CHECK_CUDA(cudaFree(in));
+  CHECK_CUDA(cudaFree(out));
   CHECK_CUDA(cudaFree(ref));
   CHECK_CUDA(cudaFree(bad));
 }
@@ -234,5 +337,10 @@ int main() {
     run_shape(4096, 56, 128, 8, false);
     run_shape(4096, 56, 128, 8, false);
   }
+  std::printf("\nsmall packs (rows, 8, 128, world 8): one call alone (behind a spin kernel) and under graph replay\n");
+  std::printf("| rows | kernel | alone us | replay us per call | output |\n|---|---|---|---|---|\n");
+  run_small<1>();
+  run_small<65>();
+  run_small<512>();
   return 0;
 }
