@@ -17,7 +17,8 @@ the kind servers ship (bench/peers.py: cos/sin from cos_sin_cache, flat
 pools; compare it with the cache columns). Then the paged / fp8
 cache table, and the QK-norm table (q/k RMSNorm + RoPE + pool write, 32/8 and
 64/8 heads, beside RoPE alone on the same data; the compiled peer in its
-fastest of two formulations). ``--only rope|formats|norm`` runs one table.
+fastest of two formulations). ``--only rope|formats|norm`` runs one table,
+``--ts 2048,8192`` only those token counts.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ NORM_PEERS = {"model norm, index_copy_": (torch_norm_rope_pool, rms_norm_model),
               "float32 norm, index_put": (torch_norm_rope_pool_put, rms_norm_f32)}
 
 
-def run_norm(quick: bool = False, with_peers: bool = True):
+def run_norm(quick: bool = False, with_peers: bool = True, ts=None):
     """QK norm + RoPE + pool write (Qwen3 geometries), beside RoPE alone on the same data."""
     iters = 10 if quick else 50
     g = torch.Generator(device="cuda").manual_seed(2)
@@ -186,7 +187,7 @@ def run_norm(quick: bool = False, with_peers: bool = True):
         wk = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
         kw = dict(head_dim=D, num_qo_heads=hq, num_kv_heads=hkv, rope_base=BASE)
         nkw = dict(kw, q_norm_weight=wq, k_norm_weight=wk, norm_eps=1e-6)
-        for T in [8, 128, 8192] if quick else [1, 128, 2048, 8192, 32768]:
+        for T in ts or ([8, 128, 8192] if quick else [1, 128, 2048, 8192, 32768]):
             nbytes = T * ((hq + 2 * hkv) * D * 2 + 16) + T * (hq + 3 * hkv) * D * 2
 
             def make():
@@ -236,7 +237,7 @@ FORMATS = [(torch.bfloat16, "NHD", 16), (torch.float8_e4m3fn, "NHD", 16), (torch
            (torch.float8_e4m3fn, "HND", 64)]
 
 
-def run_formats(quick: bool = False, with_peers: bool = True):
+def run_formats(quick: bool = False, with_peers: bool = True, ts=None):
     iters = 10 if quick else 50
     g = torch.Generator(device="cuda").manual_seed(1)
     freqs = inv_freq()
@@ -249,7 +250,7 @@ def run_formats(quick: bool = False, with_peers: bool = True):
         scales = dict(k_scale=torch.tensor(0.5, device="cuda"), v_scale=torch.tensor(2.0, device="cuda")) if fp8 else {}
         kw = dict(head_dim=D, num_qo_heads=HQ, num_kv_heads=HKV, rope_base=BASE, kv_layout=layout, **scales)
         pool_bytes = 1 if fp8 else 2
-        for T in [128, 8192] if quick else [128, 2048, 8192]:
+        for T in ts or ([128, 8192] if quick else [128, 2048, 8192]):
             # q, k, v, positions, slots read once; q_rot, k_rot written; pool rows written at the pool's size
             nbytes = T * ((HQ + 2 * HKV) * D * 2 + 16) + T * (HQ + HKV) * D * 2 + T * 2 * HKV * D * pool_bytes
             sets = [case(T, g) for _ in range(common.sets_needed(nbytes))]
@@ -354,13 +355,14 @@ def run(quick: bool = False, ts=None, with_peers: bool = True):
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--ts", type=lambda s: [int(x) for x in s.split(",")], help="token counts, e.g. 1,128,8192")
+    p.add_argument("--ts", type=lambda s: [int(x) for x in s.split(",")],
+                   help="token counts of every table run, e.g. 1,128,8192 (default: each table's own)")
     p.add_argument("--no-peers", action="store_true", help="attnprep only (tuning runs)")
     p.add_argument("--only", choices=["rope", "formats", "norm"], help="one table")
     a = p.parse_args()
     if a.only in (None, "rope"):
         run(a.quick, a.ts, not a.no_peers)
     if a.only in (None, "formats"):
-        run_formats(a.quick, not a.no_peers)
+        run_formats(a.quick, not a.no_peers, a.ts)
     if a.only in (None, "norm"):
-        run_norm(a.quick, not a.no_peers)
+        run_norm(a.quick, not a.no_peers, a.ts)
