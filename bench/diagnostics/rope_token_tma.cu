@@ -2,15 +2,17 @@
 // rope_pool_fused's bytes faster than the library's kernel, whose threads each
 // keep one 32-byte item in flight? A prototype of the common shape only:
 // bf16 q/k/v of contiguous [T, heads, 128] tensors, NeoX pairs over the whole
-// head, cos/sin from a float32 [max_position, 128] cos_sin_cache, flat bf16
-// pools [pool, kv_heads, 128], optionally the QK norm with bf16 weights and
-// the Llama/Qwen3 rounding. One block of 128 threads per token: one thread
+// head, cos/sin from a float32 [max_position, 128] cos_sin_cache, flat pools
+// [pool, kv_heads, 128] in bf16 or float8_e4m3fn (one float32 scale per
+// pool), optionally the QK norm with bf16 weights and the Llama/Qwen3
+// rounding. One block of 128 threads per token: one thread
 // asks for the token's q, k and v rows and its cache row with four bulk
 // copies on one mbarrier (up to 20 KB in flight per block, no registers
 // held), the threads rotate (and normalize) the q and k heads in shared
 // memory with the library's own device arithmetic (cuda/rope_device.cuh, so
-// the results are bit-exact with it), and one thread writes q_rot, k_rot and
-// both pool rows back with bulk stores. Positions must lie inside the cache
+// the results are bit-exact with it; fp8 pool rows are converted into shared
+// memory as the library converts them), and one thread writes q_rot, k_rot
+// and both pool rows back with bulk stores. Positions must lie inside the cache
 // (the library's NaN rows and skipped write for the others are not
 // reproduced); slots outside [0, pool_size) skip the pool writes.
 //
@@ -38,14 +40,21 @@ constexpr int kThreads = 128, kLanes = kHalf / kW;  // a head's items: one lane 
 struct Args {
   const T *q, *k, *v;
   const int64_t *positions, *slots;
-  T *k_pool, *v_pool, *q_out, *k_out;
+  void *k_pool, *v_pool;  // T, or float8_e4m3fn bytes (fp8)
+  T *q_out, *k_out;
   const float* cache;  // [max_position, 128]: cos half, sin half
   const T *q_weight, *k_weight;
+  const float *k_scale, *v_scale;  // fp8: the pools' dequantization scales
   int64_t pool_size;
   RopePoolParams norm;  // norm_eps and head_dim, for norm_factor_pow2
 };
 
-template <int HQ, int HKV, bool kNorm>
+// fp8: a group's elements as e4m3 bytes at `to` (shared memory), x / scale as the library stores them.
+__device__ __forceinline__ void to_fp8(const Group<T, kW>& g, unsigned char* to, const attnprep::core::Fp8Quotient& q) {
+  store_fp8(g, to, q, 1);
+}
+
+template <int HQ, int HKV, bool kNorm, bool kFp8>
 __global__ void __launch_bounds__(kThreads) rope_token_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies and mbarrier tx counts: sm_90 on
   constexpr int kQBytes = HQ * kD * 2, kKBytes = HKV * kD * 2, kCsBytes = kD * 4;
@@ -53,6 +62,7 @@ __global__ void __launch_bounds__(kThreads) rope_token_kernel(const __grid_const
   __shared__ alignas(128) T sk[HKV * kD];
   __shared__ alignas(128) T sv[HKV * kD];
   __shared__ alignas(128) float cs[kD];
+  __shared__ alignas(128) unsigned char kq[kFp8 ? HKV * kD : 16], vq[kFp8 ? HKV * kD : 16];  // fp8 pool rows
   __shared__ alignas(8) uint64_t bar;
   const int64_t t = blockIdx.x;
   const uint32_t b = diag::smem(&bar);
@@ -68,7 +78,21 @@ __global__ void __launch_bounds__(kThreads) rope_token_kernel(const __grid_const
   const int64_t slot = a.slots[t];
   const bool write_pool = slot >= 0 && slot < a.pool_size;
   diag::mbarrier_wait(b);
-  if (threadIdx.x == 0 && write_pool) diag::bulk_store(a.v_pool + slot * HKV * kD, diag::smem(sv), kKBytes);
+  constexpr int kPoolRowBytes = kFp8 ? HKV * kD : kKBytes;
+  auto* const k_pool_row = static_cast<unsigned char*>(a.k_pool) + slot * kPoolRowBytes;
+  auto* const v_pool_row = static_cast<unsigned char*>(a.v_pool) + slot * kPoolRowBytes;
+  [[maybe_unused]] attnprep::core::Fp8Quotient k_quotient(1.f), v_quotient(1.f);
+  if constexpr (kFp8) {
+    k_quotient = attnprep::core::Fp8Quotient(*a.k_scale);
+    v_quotient = attnprep::core::Fp8Quotient(*a.v_scale);
+    for (int i = threadIdx.x; i < HKV * kD / kW; i += kThreads) {  // v: converted by the threads
+      Group<T, kW> g;
+      *reinterpret_cast<uint4*>(g.e) = *reinterpret_cast<const uint4*>(sv + i * kW);
+      to_fp8(g, vq + i * kW, v_quotient);
+    }
+  } else {
+    if (threadIdx.x == 0 && write_pool) diag::bulk_store(v_pool_row, diag::smem(sv), kKBytes);
+  }
 
   // q and k heads, kLanes items per head (lo: pairs sub * 8 ..., hi: the
   // same + 64): whole warps, so the butterfly has every lane of its warp
@@ -103,6 +127,13 @@ __global__ void __launch_bounds__(kThreads) rope_token_kernel(const __grid_const
     }
     *reinterpret_cast<uint4*>(row + lo_off) = *reinterpret_cast<const uint4*>(lo.e);
     *reinterpret_cast<uint4*>(row + hi_off) = *reinterpret_cast<const uint4*>(hi.e);
+    if constexpr (kFp8) {
+      if (!is_q) {
+        unsigned char* q8 = kq + (head - HQ) * kD;
+        to_fp8(lo, q8 + lo_off, k_quotient);
+        to_fp8(hi, q8 + hi_off, k_quotient);
+      }
+    }
   }
   // the threads' shared-memory writes, visible to the bulk stores
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -110,48 +141,57 @@ __global__ void __launch_bounds__(kThreads) rope_token_kernel(const __grid_const
   if (threadIdx.x == 0) {
     diag::bulk_store(a.q_out + t * HQ * kD, diag::smem(sq), kQBytes);
     diag::bulk_store(a.k_out + t * HKV * kD, diag::smem(sk), kKBytes);
-    if (write_pool) diag::bulk_store(a.k_pool + slot * HKV * kD, diag::smem(sk), kKBytes);
+    if (write_pool) {
+      diag::bulk_store(k_pool_row, diag::smem(kFp8 ? static_cast<void*>(kq) : static_cast<void*>(sk)), kPoolRowBytes);
+      if constexpr (kFp8) diag::bulk_store(v_pool_row, diag::smem(vq), kPoolRowBytes);
+    }
     diag::bulk_commit();
     diag::bulk_wait_read();  // shared memory must outlive the stores' reads of it
   }
 #endif
 }
 
-template <int HQ, int HKV, bool kNorm>
+template <int HQ, int HKV, bool kNorm, bool kFp8 = false>
 int launch(const Args& a, int64_t tokens, cudaStream_t stream) {
-  rope_token_kernel<HQ, HKV, kNorm><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(a);
+  rope_token_kernel<HQ, HKV, kNorm, kFp8><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(a);
   return static_cast<int>(cudaGetLastError());
 }
 
-template <int HQ, int HKV, bool kNorm>
+template <int HQ, int HKV, bool kNorm, bool kFp8 = false>
 int occupancy() {
   int blocks = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, rope_token_kernel<HQ, HKV, kNorm>, kThreads, 0);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, rope_token_kernel<HQ, HKV, kNorm, kFp8>, kThreads, 0);
   return blocks;
 }
 
 }  // namespace
 
-// 32 or 64 q heads, 8 kv heads; norm_eps < 0: no QK norm. Returns a cudaError_t.
+// 32 or 64 q heads, 8 kv heads; norm_eps < 0: no QK norm; k_scale and
+// v_scale (device pointers) given: float8_e4m3fn pools (32/8 heads, no norm).
+// Returns a cudaError_t.
 extern "C" int rope_token_tma(const void* q, const void* k, const void* v, const int64_t* positions,
                               const int64_t* slots, void* k_pool, void* v_pool, const float* cache, void* q_out,
-                              void* k_out, const void* q_weight, const void* k_weight, float norm_eps, int64_t tokens,
-                              int q_heads, int64_t pool_size, void* stream) {
+                              void* k_out, const void* q_weight, const void* k_weight, const float* k_scale,
+                              const float* v_scale, float norm_eps, int64_t tokens, int q_heads, int64_t pool_size,
+                              void* stream) {
   Args a{static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), positions, slots,
-         static_cast<T*>(k_pool), static_cast<T*>(v_pool), static_cast<T*>(q_out), static_cast<T*>(k_out), cache,
-         static_cast<const T*>(q_weight), static_cast<const T*>(k_weight), pool_size, RopePoolParams{}};
+         k_pool, v_pool, static_cast<T*>(q_out), static_cast<T*>(k_out), cache,
+         static_cast<const T*>(q_weight), static_cast<const T*>(k_weight), k_scale, v_scale, pool_size,
+         RopePoolParams{}};
   a.norm.head_dim = kD;
   a.norm.norm_eps = norm_eps;
   const auto s = static_cast<cudaStream_t>(stream);
   if (tokens == 0) return 0;
   const bool norm = norm_eps >= 0.f;
+  if (k_scale) return q_heads == 32 && !norm ? launch<32, 8, false, true>(a, tokens, s) : int(cudaErrorInvalidValue);
   if (q_heads == 32) return norm ? launch<32, 8, true>(a, tokens, s) : launch<32, 8, false>(a, tokens, s);
   if (q_heads == 64) return norm ? launch<64, 8, true>(a, tokens, s) : launch<64, 8, false>(a, tokens, s);
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
-// Resident blocks per SM of each instantiation: 32/8, 32/8 norm, 64/8, 64/8 norm.
+// Resident blocks per SM of each instantiation: 32/8, 32/8 norm, 64/8, 64/8 norm, 32/8 fp8.
 extern "C" void rope_token_tma_occupancy(int* out) {
+  out[4] = occupancy<32, 8, false, true>();
   out[0] = occupancy<32, 8, false>();
   out[1] = occupancy<32, 8, true>();
   out[2] = occupancy<64, 8, false>();
