@@ -35,7 +35,7 @@ using T = __nv_bfloat16;
 using namespace attnprep::cuda::rope;
 
 constexpr int kD = 128, kHalf = kD / 2, kW = 8;  // head_dim, pairs, elements per 16 bytes
-constexpr int kThreads = 128, kLanes = kHalf / kW;  // a head's items: one lane each
+constexpr int kLanes = kHalf / kW;  // a head's items: one lane each
 
 struct Args {
   const T *q, *k, *v;
@@ -54,7 +54,7 @@ __device__ __forceinline__ void to_fp8(const Group<T, kW>& g, unsigned char* to,
   store_fp8(g, to, q, 1);
 }
 
-template <int HQ, int HKV, bool kNorm, bool kFp8>
+template <int HQ, int HKV, bool kNorm, bool kFp8, int kThreads>
 __global__ void __launch_bounds__(kThreads) rope_token_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies and mbarrier tx counts: sm_90 on
   constexpr int kQBytes = HQ * kD * 2, kKBytes = HKV * kD * 2, kCsBytes = kD * 4;
@@ -152,15 +152,18 @@ __global__ void __launch_bounds__(kThreads) rope_token_kernel(const __grid_const
 }
 
 template <int HQ, int HKV, bool kNorm, bool kFp8 = false>
-int launch(const Args& a, int64_t tokens, cudaStream_t stream) {
-  rope_token_kernel<HQ, HKV, kNorm, kFp8><<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(a);
+int launch(const Args& a, int64_t tokens, int threads, cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>(tokens);
+  if (threads == 128) rope_token_kernel<HQ, HKV, kNorm, kFp8, 128><<<grid, 128, 0, stream>>>(a);
+  else if (threads == 256) rope_token_kernel<HQ, HKV, kNorm, kFp8, 256><<<grid, 256, 0, stream>>>(a);
+  else return static_cast<int>(cudaErrorInvalidValue);
   return static_cast<int>(cudaGetLastError());
 }
 
-template <int HQ, int HKV, bool kNorm, bool kFp8 = false>
+template <int HQ, int HKV, bool kNorm, bool kFp8, int kThreads>
 int occupancy() {
   int blocks = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, rope_token_kernel<HQ, HKV, kNorm, kFp8>, kThreads, 0);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, rope_token_kernel<HQ, HKV, kNorm, kFp8, kThreads>, kThreads, 0);
   return blocks;
 }
 
@@ -168,12 +171,12 @@ int occupancy() {
 
 // 32 or 64 q heads, 8 kv heads; norm_eps < 0: no QK norm; k_scale and
 // v_scale (device pointers) given: float8_e4m3fn pools (32/8 heads, no norm).
-// Returns a cudaError_t.
+// threads: 128 or 256 per block (one block per token). Returns a cudaError_t.
 extern "C" int rope_token_tma(const void* q, const void* k, const void* v, const int64_t* positions,
                               const int64_t* slots, void* k_pool, void* v_pool, const float* cache, void* q_out,
                               void* k_out, const void* q_weight, const void* k_weight, const float* k_scale,
                               const float* v_scale, float norm_eps, int64_t tokens, int q_heads, int64_t pool_size,
-                              void* stream) {
+                              int threads, void* stream) {
   Args a{static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), positions, slots,
          k_pool, v_pool, static_cast<T*>(q_out), static_cast<T*>(k_out), cache,
          static_cast<const T*>(q_weight), static_cast<const T*>(k_weight), k_scale, v_scale, pool_size,
@@ -183,17 +186,24 @@ extern "C" int rope_token_tma(const void* q, const void* k, const void* v, const
   const auto s = static_cast<cudaStream_t>(stream);
   if (tokens == 0) return 0;
   const bool norm = norm_eps >= 0.f;
-  if (k_scale) return q_heads == 32 && !norm ? launch<32, 8, false, true>(a, tokens, s) : int(cudaErrorInvalidValue);
-  if (q_heads == 32) return norm ? launch<32, 8, true>(a, tokens, s) : launch<32, 8, false>(a, tokens, s);
-  if (q_heads == 64) return norm ? launch<64, 8, true>(a, tokens, s) : launch<64, 8, false>(a, tokens, s);
+  const int n = threads;
+  if (k_scale) return q_heads == 32 && !norm ? launch<32, 8, false, true>(a, tokens, n, s) : int(cudaErrorInvalidValue);
+  if (q_heads == 32) return norm ? launch<32, 8, true>(a, tokens, n, s) : launch<32, 8, false>(a, tokens, n, s);
+  if (q_heads == 64) return norm ? launch<64, 8, true>(a, tokens, n, s) : launch<64, 8, false>(a, tokens, n, s);
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
-// Resident blocks per SM of each instantiation: 32/8, 32/8 norm, 64/8, 64/8 norm, 32/8 fp8.
+// Resident blocks per SM of each instantiation, 128-thread blocks then
+// 256: 32/8, 32/8 norm, 64/8, 64/8 norm, 32/8 fp8.
 extern "C" void rope_token_tma_occupancy(int* out) {
-  out[4] = occupancy<32, 8, false, true>();
-  out[0] = occupancy<32, 8, false>();
-  out[1] = occupancy<32, 8, true>();
-  out[2] = occupancy<64, 8, false>();
-  out[3] = occupancy<64, 8, true>();
+  out[0] = occupancy<32, 8, false, false, 128>();
+  out[1] = occupancy<32, 8, true, false, 128>();
+  out[2] = occupancy<64, 8, false, false, 128>();
+  out[3] = occupancy<64, 8, true, false, 128>();
+  out[4] = occupancy<32, 8, false, true, 128>();
+  out[5] = occupancy<32, 8, false, false, 256>();
+  out[6] = occupancy<32, 8, true, false, 256>();
+  out[7] = occupancy<64, 8, false, false, 256>();
+  out[8] = occupancy<64, 8, true, false, 256>();
+  out[9] = occupancy<32, 8, false, true, 256>();
 }

@@ -3,7 +3,8 @@ attnprep.rope_pool_fused on the same inputs: outputs compared byte for byte
 (q_rot, k_rot and both pools, some slots negative), then graph replay per
 call at T <= 512 and kernel time with % of a copy of the same bytes above:
 RoPE alone and with the QK norm, 32/8 and 64/8 heads, and RoPE into fp8
-pools (32/8), bf16 q/k/v, float32 cos_sin_cache, flat pools.
+pools (32/8), bf16 q/k/v, float32 cos_sin_cache, flat pools; blocks of 128
+and 256 threads, one per token.
 
     python bench/diagnostics/rope_token_tma.py        # on a GPU, after scripts/setup.sh
 
@@ -32,7 +33,7 @@ def build() -> ctypes.CDLL:
                     os.path.dirname(SRC), "-shared", "-Xcompiler", "-fPIC", SRC, "-o", LIB], check=True)
     lib = ctypes.CDLL(LIB)
     p = ctypes.c_void_p
-    lib.rope_token_tma.argtypes = [p] * 14 + [ctypes.c_float, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, p]
+    lib.rope_token_tma.argtypes = [p] * 14 + [ctypes.c_float, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int, p]
     lib.rope_token_tma.restype = ctypes.c_int
     return lib
 
@@ -43,9 +44,10 @@ CASES = [(32, False, False), (32, True, False), (64, False, False), (64, True, F
 
 def main() -> None:
     lib = build()
-    occ = (ctypes.c_int * 5)()
+    occ = (ctypes.c_int * 10)()
     lib.rope_token_tma_occupancy(occ)
-    print("resident blocks per SM (32/8, 32/8 norm, 64/8, 64/8 norm, 32/8 fp8):", list(occ))
+    print("resident blocks per SM (32/8, 32/8 norm, 64/8, 64/8 norm, 32/8 fp8), 128 threads:", list(occ[:5]),
+          "256 threads:", list(occ[5:]))
     g = torch.Generator(device="cuda").manual_seed(0)
     table = attnprep.rope_cos_sin_cache(D, MAXPOS, 1e4, device="cuda")
     rows = []
@@ -63,12 +65,12 @@ def main() -> None:
             kw.update(k_scale=k_scale, v_scale=v_scale)
         ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
 
-        def ours(s, qo, ko):
+        def ours(s, qo, ko, threads=128):
             q, k, v, pos, slots = s
             err = lib.rope_token_tma(q.data_ptr(), k.data_ptr(), v.data_ptr(), pos.data_ptr(), slots.data_ptr(),
                                      k_pool.data_ptr(), v_pool.data_ptr(), table.data_ptr(), qo.data_ptr(),
                                      ko.data_ptr(), ptr(wq), ptr(wk), ptr(k_scale), ptr(v_scale),
-                                     1e-6 if norm else -1.0, q.shape[0], hq, POOL,
+                                     1e-6 if norm else -1.0, q.shape[0], hq, POOL, threads,
                                      torch.cuda.current_stream().cuda_stream)
             assert err == 0, f"launch failed: cudaError {err}"
 
@@ -92,28 +94,36 @@ def main() -> None:
                 bytes_of(pl).fill_(0xFF)
             q_rot, k_rot, _, _ = attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw)
             want = [bytes_of(t).clone() for t in (q_rot, k_rot, k_pool, v_pool)]
-            for pl in (k_pool, v_pool):
-                bytes_of(pl).fill_(0xFF)
-            ours(sets[0], *outs[0])
-            torch.cuda.synchronize()
-            got = [bytes_of(t) for t in (outs[0][0], outs[0][1], k_pool, v_pool)]
-            equal = all(torch.equal(a, b) for a, b in zip(got, want))
+            equal = True
+            for threads in (128, 256):
+                for pl in (k_pool, v_pool):
+                    bytes_of(pl).fill_(0xFF)
+                for o in outs[0]:
+                    bytes_of(o).fill_(0xFF)
+                ours(sets[0], *outs[0], threads)
+                torch.cuda.synchronize()
+                got = [bytes_of(t) for t in (outs[0][0], outs[0][1], k_pool, v_pool)]
+                equal = equal and all(torch.equal(a, b) for a, b in zip(got, want))
             del want, got
             name = f"{hq}/{HKV}" + (" norm" if norm else "") + (" fp8" if fp8 else "")
             if T <= 512:  # launch-bound: graph replay per call
                 r_lib = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw))
-                r_ours = common.graph_replay_us(lambda: ours(sets[0], *outs[0]))
-                rows.append([name, T, "replay", r_lib, "", r_ours, "", r_lib / r_ours, "equal" if equal else "MISMATCH"])
+                r128 = common.graph_replay_us(lambda: ours(sets[0], *outs[0], 128))
+                r256 = common.graph_replay_us(lambda: ours(sets[0], *outs[0], 256))
+                rows.append([name, T, "replay", r_lib, "", r128, "", r256, "", r_lib / min(r128, r256),
+                             "equal" if equal else "MISMATCH"])
             else:
                 t_lib = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw)
                                           for s in sets], 50)
-                t_ours = common.median_ms([lambda s=s, o=o: ours(s, *o) for s, o in zip(sets, outs)], 50)
+                t128 = common.median_ms([lambda s=s, o=o: ours(s, *o, 128) for s, o in zip(sets, outs)], 50)
+                t256 = common.median_ms([lambda s=s, o=o: ours(s, *o, 256) for s, o in zip(sets, outs)], 50)
                 t_copy = common.copy_ms(nbytes // 2, 50)
-                rows.append([name, T, "kernel", t_lib * 1e3, 100 * t_copy / t_lib, t_ours * 1e3, 100 * t_copy / t_ours,
-                             t_lib / t_ours, "equal" if equal else "MISMATCH"])
+                rows.append([name, T, "kernel", t_lib * 1e3, 100 * t_copy / t_lib, t128 * 1e3, 100 * t_copy / t128,
+                             t256 * 1e3, 100 * t_copy / t256, t_lib / min(t128, t256),
+                             "equal" if equal else "MISMATCH"])
     common.print_table("token staged by bulk copies against rope_pool_fused (float32 cos_sin_cache, bf16 q/k/v)",
-                       ["case", "T", "timed", "attnprep us", "% of copy", "bulk-copy token us", "% of copy",
-                        "attnprep / bulk", "outputs"], rows)
+                       ["case", "T", "timed", "attnprep us", "% of copy", "bulk, 128 threads us", "% of copy",
+                        "bulk, 256 threads us", "% of copy", "attnprep / faster bulk", "outputs"], rows)
 
 
 if __name__ == "__main__":
