@@ -37,6 +37,10 @@
    attention alone) / the NCCL exchange alone. ``--parts ce_graph``: the
    same under CUDA-graph replay (attention, the NCCL exchange and layer,
    the copy-engine layer with 2 and 4 chunks), the host out of the time.
+7. Chunk plans over the copy engines (``--parts plans``, NCCL runs only):
+   graphs replayed in turn and timed by CUDA events, every time the slower
+   rank's, exposed per iteration against that iteration's attention alone
+   (plan_rows); ``--iters`` sets the iterations, ``--shapes`` other shapes.
 Rank 0 prints the tables for bench/README.md.
 
 Keep NCCL_NVLS_ENABLE=0 (set below if unset): NVLink multicast stays off.
@@ -196,6 +200,7 @@ def _layer_setup(device, dtype, rows, heads, dim, causal):
         return lambda: ulysses.ulysses_attention(q, k, v, attn_fn=attn_fn, causal=causal, validate=False,
                                                  chunks=chunks, transport=transport)
 
+    layer.inputs = (q, k, v)
     return (lambda: attn(ql, kl, vl)), layer
 
 
@@ -220,18 +225,97 @@ def copy_engine_graph_rows(world, device, dtype, rows, heads, dim, causal, iters
     captured model: ms of attention alone, the NCCL exchange alone, the NCCL
     layer (1 chunk), and the copy-engine layer with 2 and 4 chunks."""
     attention, layer = _layer_setup(device, dtype, rows, heads, dim, causal)
-
-    def captured(fn):
-        fn()  # the copy-engine transport sets up its buffers outside capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph.replay
-
     fns = [attention, layer(1, "nccl", _identity), layer(1, "nccl"), layer(2, "copy_engine"),
            layer(4, "copy_engine")]
-    return timed_together([captured(fn) for fn in fns], device, iters)
+    return timed_together([_captured(fn) for fn in fns], device, iters)
+
+
+def replays_timed_in_turn(graphs, iters):
+    """Per-iteration ms of each graph's replay (CUDA events on the current
+    stream), all replayed in turn within every iteration, the order rotating;
+    the ranks start each replay together. Returns (the slowest rank's ms,
+    this rank's ms), each [graph][iteration]: a layer spanning the ranks
+    goes at its slowest rank's pace, so its exposed time is measured against
+    the slowest rank's attention alone."""
+    times = [[] for _ in graphs]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(iters):
+        for j in range(len(graphs)):
+            at = (i + j) % len(graphs)
+            dist.barrier()
+            torch.cuda.synchronize()
+            start.record()
+            graphs[at]()
+            end.record()
+            end.synchronize()
+            times[at].append(start.elapsed_time(end))
+    slowest = torch.tensor(times, dtype=torch.float64, device="cuda")
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.tolist(), times
+
+
+def _captured(fn):
+    fn()  # the copy-engine transport sets up its buffers outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+PLAN_VARIANTS = ["nccl, 1 chunk", "copy engines, 4 equal chunks", "edge plan, 1 kv group", "edge plan, 2 kv groups",
+                 "auto (growing plan)"]
+
+
+def plan_rows(world, device, dtype, rows, heads, dim, causal, iters):
+    """Under CUDA-graph replay, timed by events and paired by iteration:
+    (attention alone ms, each rank's attention alone ms, NCCL exchange alone ms, attention alone in the
+    edge-1 plan's chunks on two streams ms, {variant: exposed exchanges of
+    each iteration}), each time the slowest rank's in its iteration, and each
+    rank's own median of attention alone; for PLAN_VARIANTS: the NCCL layer,
+    the copy-engine layer with 4 equal chunks, with edge plans of 1 and 2 kv
+    groups (_peer.edge_plan) and with chunks="auto" (_peer.auto_plan).
+    Exposed in iteration i = (layer_i - attention_i) / the NCCL exchange's
+    median, so that the slow drift of attention's own time falls out of the
+    difference."""
+    from attnprep import _peer
+
+    attention, layer = _layer_setup(device, dtype, rows, heads, dim, causal)
+    local = heads // world
+
+    def edge(groups):
+        plan = _peer.edge_plan(local, 1, groups)
+        checked = ulysses._checked(ulysses.sdpa(causal))
+        return lambda: _peer.attention(*layer.inputs, None, checked, plan)
+
+    def attention_in_plan(plan):  # no exchange: what the plan's split costs attention, chunks on two streams
+        g = torch.Generator(device=device).manual_seed(2)
+        parts = [[torch.randn(world * rows, h, dim, device=device, dtype=dtype, generator=g) for _ in range(3)]
+                 for h in plan]
+        attn, side = ulysses.sdpa(causal), torch.cuda.Stream(device)
+
+        def run():
+            main = torch.cuda.current_stream(device)
+            side.wait_stream(main)
+            for c, (q, k, v) in enumerate(parts):
+                with torch.cuda.stream(main if c % 2 == 0 else side):
+                    attn(q, k, v)
+            main.wait_stream(side)
+        return run
+
+    fns = [attention, layer(1, "nccl", _identity), attention_in_plan(_peer.edge_plan(local, 1, 1)),
+           layer(1, "nccl"), layer(4, "copy_engine"), edge(1), edge(2), layer("auto", "copy_engine")]
+    times, mine = replays_timed_in_turn([_captured(fn) for fn in fns], iters)
+    t_x = statistics.median(times[1])
+    exposed = {name: [(t - a) / t_x for t, a in zip(times[3 + n], times[0])] for n, name in enumerate(PLAN_VARIANTS)}
+    each = [None] * world  # every rank's own median of attention alone
+    dist.all_gather_object(each, statistics.median(mine[0]))
+    return statistics.median(times[0]), each, t_x, statistics.median(times[2]), exposed
+
+
+def spread(xs):
+    """median (min to max) of a list"""
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f} to {max(xs):.2f})"
 
 
 def fp8_rows(world, device, dtype, rows, heads, dim, iters):
@@ -281,6 +365,8 @@ def exposed(layers, t_attn, t_x):
 def extra_tables(rank, world, device, dtype, a):
     """Tables 3-5 (module docstring), printed by rank 0."""
     shapes = [(32, 4 * world, 16)] if a.smoke else RANK_SHAPES
+    if a.shapes:
+        shapes = [tuple(int(x) for x in one.split(",")) for one in a.shapes.split(";")]
     iters = 3 if a.smoke else 10
     out = []
     if "input" in a.parts:
@@ -326,6 +412,18 @@ def extra_tables(rank, world, device, dtype, a):
             out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | "
                        f"{exposed(layers, t_attn, t_x)} |")
             torch.cuda.empty_cache()
+    if "plans" in a.parts and a.backend == "nccl":
+        out += ["\n| (rows per rank, heads, head_dim) | causal | graphs: attention alone, slowest rank ms | "
+                "each rank's own ms | NCCL exchange alone ms | attention alone in the edge-1 chunks ms | exposed (of the NCCL exchange), median (min to max) over "
+                "iterations: " + " | ".join(PLAN_VARIANTS) + " |",
+                "|---|---|---|---|---|---|" + "---|" * len(PLAN_VARIANTS)]
+        for rows, heads, dim, causal in overlap_cases(shapes, world):
+            t_attn, each, t_x, t_split, exposed_by = plan_rows(world, device, dtype, rows, heads, dim, causal,
+                                                               2 if a.smoke else a.iters)
+            out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | "
+                       f"{' / '.join(f'{t:.2f}' for t in each)} | {t_x:.2f} | {t_split:.2f} | "
+                       + " | ".join(spread(exposed_by[name]) for name in PLAN_VARIANTS) + " |")
+            torch.cuda.empty_cache()
     if "fp8" in a.parts:
         out += ["\n| (rows per rank, heads, head_dim) | in: bf16 ms | in: fp8 wire ms | in speed-up | out: bf16 ms | "
                 "out: fp8 wire ms | out speed-up | a2a alone, bf16 / fp8 bytes ms | copy ms | floor speed-up | "
@@ -346,8 +444,10 @@ def main():
     p.add_argument("--backend", default="nccl")
     p.add_argument("--parts", default="exchange,input,overlap,fp8,ce,ce_graph",
                    help="comma-separated: exchange (tables 1-2), input, overlap, fp8, ce (copy-engine transport), "
-                        "ce_graph (the same under CUDA-graph replay)")
+                        "ce_graph (the same under CUDA-graph replay), plans (copy-engine chunk plans, graphs, paired by iteration)")
     p.add_argument("--smoke", action="store_true", help="small shapes (script check on CPU)")
+    p.add_argument("--iters", type=int, default=9, help="iterations of the plans table")
+    p.add_argument("--shapes", default="", help="rows,heads,dim;... (rows per rank) instead of the issue's shapes")
     p.add_argument("--spawn", type=int, default=0, help="start N local processes instead of torchrun")
     a = p.parse_args()
     a.parts = set(a.parts.split(","))

@@ -3,7 +3,7 @@
 # NCCL ones included), bench_ulysses_dist.py's named parts, then the layer's
 # GPU timeline (bench/diagnostics/ulysses_trace.py); logs in $OUT (or
 # bench/out), the tables last.
-#   tools/gpu_ulysses.sh [parts]        # bench parts, comma-separated (default: ce,ce_graph)
+#   tools/gpu_ulysses.sh [parts]        # bench parts, comma-separated (default: plans)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out}
@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OUT
 # NVLink multicast stays off on shared multi-GPU hosts
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-parts=${1:-ce,ce_graph}
+parts=${1:-plans}
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps .whl/*.whl > "$OUT/wheels.log" 2>&1 || tail -3 "$OUT/wheels.log"
 fi
@@ -21,8 +21,8 @@ timeout 300 python3 -m pytest -q tests/python -k ulysses > "$OUT/test_ulysses.lo
 echo "ulysses tests rc=$? ($(( $(date +%s) - start )) s): $(grep -E '^=+ .*(passed|failed)|^[0-9]+ (passed|failed)' "$OUT/test_ulysses.log" | tail -1)"
 grep -E "^(FAILED|ERROR) " "$OUT/test_ulysses.log" | head -20
 start=$(date +%s)
-timeout 300 python3 bench/bench_ulysses_dist.py --parts "$parts" > "$OUT/bench_ulysses_dist.md" 2>&1
+timeout 330 python3 bench/bench_ulysses_dist.py --parts "$parts" > "$OUT/bench_ulysses_dist.md" 2>&1
 echo "bench rc=$? ($(( $(date +%s) - start )) s)"
 timeout 120 python3 bench/diagnostics/ulysses_trace.py > "$OUT/ulysses_trace.txt" 2>&1 || echo "trace failed: $(tail -3 "$OUT/ulysses_trace.txt")"
-grep -A40 "ce4\|ce1" "$OUT/ulysses_trace.txt" | grep -v -i warn | head -100
+grep -A40 "ce4\|ceauto" "$OUT/ulysses_trace.txt" | grep -v -i warn | head -100
 grep -E "^\||^###" "$OUT/bench_ulysses_dist.md"

@@ -6,7 +6,7 @@ timeline of one call per variant, rank 0's GPU work listed in start order
     python bench/diagnostics/ulysses_trace.py 41984,56,1      # rows per rank, heads, causal (0/1)
 
 Variants: the NCCL layer with 1 and 4 chunks, the copy-engine layer with 1
-and 4 chunks (bf16, head_dim 128, SDPA). Each is called twice first (set-up,
+and 4 chunks and chunks="auto" (bf16, head_dim 128, SDPA). Each is called twice first (set-up,
 warm-up); the ranks start the traced call together. Chrome traces go to
 $OUT (default /tmp) as trace_<rows>_<variant>.json. This is how the
 copy-engine transport's flags, streams and chunk overlap were checked
@@ -31,7 +31,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from attnprep import ulysses  # noqa: E402
 
 SHAPES = [(8192, 32, False), (41984, 56, True)]
-VARIANTS = {"nccl1": (1, "nccl"), "nccl4": (4, "nccl"), "ce1": (1, "copy_engine"), "ce4": (4, "copy_engine")}
+VARIANTS = {"nccl1": (1, "nccl"), "nccl4": (4, "nccl"), "ce1": (1, "copy_engine"), "ce4": (4, "copy_engine"),
+            "ceauto": ("auto", "copy_engine")}
 MIN_MS = 0.01  # shorter GPU operations are left out of the listing
 
 

@@ -104,9 +104,9 @@ class Mailbox:
     written by every rank), and the flags; with every rank's addresses of
     all three."""
 
-    def __init__(self, group, chunk_numel: int, chunks: int, out_shape: Tuple[int, ...], dtype, device):
+    def __init__(self, group, inbox_numel: int, chunks: int, out_shape: Tuple[int, ...], dtype, device):
         self.world, self.rank, self.chunks = dist.get_world_size(group), dist.get_rank(group), chunks
-        self.inbox = torch.empty(chunks * chunk_numel, dtype=dtype, device=device)
+        self.inbox = torch.empty(inbox_numel, dtype=dtype, device=device)
         self.outbox = torch.empty(out_shape, dtype=dtype, device=device)
         self.flags = torch.zeros(4, chunks, self.world, dtype=torch.int32, device=device)
         self.flags[FREE_IN] = 1
@@ -139,26 +139,82 @@ def _rows_2d(t: Tensor) -> Tensor:
     return t if t.shape[1] <= 1 or t.stride(1) == t.shape[2] else t.contiguous()
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: int) -> Tensor:
+def equal_plan(local_q: int, chunks: int) -> Tuple[int, ...]:
+    """``chunks`` groups of equally many q heads (the count checked already)."""
+    return (local_q // chunks,) * chunks
+
+
+def edge_plan(local_q: int, group: int, edge: int) -> Tuple[int, ...]:
+    """A small first and last chunk of ``edge`` kv groups each (``group`` q
+    heads share a kv head) around one chunk of the rest: only the first
+    chunk's inbound copies precede attention and only the last chunk's
+    outbound copies follow it, while the middle chunk's copies run under
+    attention on the first (inbound) and the last (outbound)."""
+    small = edge * group
+    if local_q < 3 * small:
+        return (local_q,)
+    return (small, local_q - 2 * small, small)
+
+
+def growing_plan(local_q: int, group: int, ratio: float) -> Tuple[int, ...]:
+    """Chunks that grow by ``ratio`` from a first chunk of one kv group
+    (``group`` q heads share a kv head), with a last chunk of one kv group:
+    attention on a chunk takes about ``ratio`` times as long as the inbound
+    copies of as many heads, so each chunk's copies finish under attention
+    on the chunk before it and only the first chunk's copies come before
+    attention; only the last chunk's outbound copies follow it. A remainder
+    smaller than the chunk before it joins that chunk. With ``ratio`` < 1
+    attention cannot cover any copies: one chunk."""
+    units = local_q // group
+    if units < 3 or ratio < 1:
+        return (local_q,)
+    sizes, left = [1], units - 2
+    while left:
+        take = min(left, max(1, int(sizes[-1] * ratio)))
+        if left - take < take:
+            take = left
+        sizes.append(take)
+        left -= take
+    return tuple(n * group for n in sizes + [1])
+
+
+# chunks="auto" over the copy engines: attention on one head of a sequence
+# of S rows takes about S * AUTO_RATIO_PER_ROW times as long as the copy
+# engines take to bring in that head's q, k and v (causal bf16 SDPA with
+# head_dim 128 against 2-D copies over NVLink and within the GPU, two
+# H200s: 3.6 at S = 16384, 26 at S = 83968; non-causal attention takes
+# twice as long, so the ratio errs towards smaller chunks).
+AUTO_RATIO_PER_ROW = 2e-4
+
+
+def auto_plan(local_q: int, local_kv: int, split: bool, sequence: int) -> Tuple[int, ...]:
+    return growing_plan(local_q, local_q // local_kv if split else 1, sequence * AUTO_RATIO_PER_ROW)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, plan: Tuple[int, ...]) -> Tensor:
     """The Ulysses layer over the copy engines (see the module docstring);
-    the checks have passed on every rank. Chunk c of destination d: q heads
-    d * local_q + c * chunk_q + [0, chunk_q), kv heads likewise (split) or
-    kv head d * kv / world (replicated)."""
+    the checks have passed on every rank. ``plan``: each chunk's number of
+    q heads of a destination's ``local_q``, in order (a multiple of the q
+    heads per kv head when kv heads are split). Chunk c of destination d:
+    q heads d * local_q + first[c] + [0, plan[c]), kv heads likewise
+    (split) or kv head d * kv / world (replicated)."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     rows, heads, dim = q.shape
     kv = k.shape[1]
     device, elt = q.device, q.element_size()
     dev = device.index
     local_q, split = heads // world, kv >= world
-    chunk_q = local_q // chunks
-    chunk_kv = kv // world // chunks if split else 1
-    n_q, n_kv = world * rows * chunk_q * dim, world * rows * chunk_kv * dim
-    chunk_numel = n_q + 2 * n_kv
-    key = (id(group), rows, heads, kv, dim, chunks, q.dtype, dev)
+    per_kv = local_q // (kv // world) if split else local_q
+    chunks = len(plan)
+    first_q = [sum(plan[:c]) for c in range(chunks)]
+    n_q = [world * rows * h * dim for h in plan]
+    n_kv = [world * rows * (h // per_kv if split else 1) * dim for h in plan]
+    start = [sum(n_q[j] + 2 * n_kv[j] for j in range(c)) for c in range(chunks + 1)]
+    key = (id(group), rows, heads, kv, dim, tuple(plan), q.dtype, dev)
     if key not in _BOXES:
         if torch.cuda.is_current_stream_capturing():
             raise ValueError(SET_UP_FIRST)
-        _BOXES[key] = Mailbox(group, chunk_numel, chunks, (rows, heads, dim), q.dtype, device)
+        _BOXES[key] = Mailbox(group, start[chunks], chunks, (rows, heads, dim), q.dtype, device)
     box = _BOXES[key]
     q, k, v = _rows_2d(q), _rows_2d(k), _rows_2d(v)
     compute = torch.cuda.current_stream(device)
@@ -181,13 +237,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
                 if d != rank:  # d has read the previous call's chunk c
                     _C._stream_wait(box.flag(rank, FREE_IN, c, d), 1, dev)
                     _C._stream_write(box.flag(rank, FREE_IN, c, d), 0, dev)
-                at = box.inbox_at[d] + c * chunk_numel * elt
-                kv_head = d * (kv // world) + c * chunk_kv if split else d * kv // world
-                copy_rows(at + rank * rows * chunk_q * dim * elt, chunk_q * dim * elt, q,
-                          d * local_q + c * chunk_q, chunk_q)
-                copy_rows(at + (n_q + rank * rows * chunk_kv * dim) * elt, chunk_kv * dim * elt, k, kv_head, chunk_kv)
-                copy_rows(at + (n_q + n_kv + rank * rows * chunk_kv * dim) * elt, chunk_kv * dim * elt, v, kv_head,
+                at = box.inbox_at[d] + start[c] * elt
+                chunk_q = plan[c]
+                chunk_kv = chunk_q // per_kv if split else 1
+                kv_head = d * (kv // world) + first_q[c] // per_kv if split else d * kv // world
+                copy_rows(at + rank * rows * chunk_q * dim * elt, chunk_q * dim * elt, q, d * local_q + first_q[c],
+                          chunk_q)
+                copy_rows(at + (n_q[c] + rank * rows * chunk_kv * dim) * elt, chunk_kv * dim * elt, k, kv_head,
                           chunk_kv)
+                copy_rows(at + (n_q[c] + n_kv[c] + rank * rows * chunk_kv * dim) * elt, chunk_kv * dim * elt, v,
+                          kv_head, chunk_kv)
                 if d != rank:
                     _C._stream_write(box.flag(d, READY_IN, c, rank), 1, dev)
         done = torch.cuda.Event()
@@ -205,8 +264,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
                 if d != rank:  # d has taken the previous call's output out of its outbox
                     _C._stream_wait(box.flag(rank, FREE_BACK, c, d), 1, dev)
                     _C._stream_write(box.flag(rank, FREE_BACK, c, d), 0, dev)
-                _C._peer_copy_2d(box.outbox_at[d] + (rank * local_q + c * chunk_q) * dim * elt, heads * dim * elt,
-                                 o.data_ptr() + d * rows * o.stride(0) * elt, o.stride(0) * elt, chunk_q * dim * elt,
+                _C._peer_copy_2d(box.outbox_at[d] + (rank * local_q + first_q[c]) * dim * elt, heads * dim * elt,
+                                 o.data_ptr() + d * rows * o.stride(0) * elt, o.stride(0) * elt, plan[c] * dim * elt,
                                  rows, dev)
                 if d != rank:
                     _C._stream_write(box.flag(d, READY_BACK, c, rank), 1, dev)
@@ -244,11 +303,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, chunks: in
                 for s in peers:
                     _C._stream_wait(box.flag(rank, READY_IN, c, s), 1, dev)
                     _C._stream_write(box.flag(rank, READY_IN, c, s), 0, dev)
-                x = box.inbox[c * chunk_numel:(c + 1) * chunk_numel]
+                x = box.inbox[start[c]:start[c + 1]]
+                nq, nkv = n_q[c], n_kv[c]
                 try:
-                    o = attn(x[:n_q].view(world * rows, chunk_q, dim),
-                             x[n_q:n_q + n_kv].view(world * rows, chunk_kv, dim),
-                             x[n_q + n_kv:].view(world * rows, chunk_kv, dim))
+                    o = attn(x[:nq].view(world * rows, -1, dim), x[nq:nq + nkv].view(world * rows, -1, dim),
+                             x[nq + nkv:].view(world * rows, -1, dim))
                 finally:
                     for s in peers:  # chunk c of s's bytes is read: s may write it again
                         _C._stream_write(box.flag(s, FREE_IN, c, rank), 1, dev)

@@ -92,29 +92,44 @@ _DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.fl
            torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
 
 
-# chunks="auto": on two H200s (bench/README.md) splitting the heads made the
-# layer slower at every measured shape, causal or not (attention slows down
-# while NCCL's kernels share the GPU with it, by more than the exchange the
-# split hides), so "auto" does not split. Explicit counts still do.
+# chunks="auto" over NCCL: on two H200s (bench/README.md) splitting the
+# heads made the layer slower at every measured shape, causal or not
+# (attention slows down while NCCL's kernels share the GPU with it, by more
+# than the exchange the split hides), so "auto" does not split there. Over
+# the copy engines "auto" is _peer.auto_plan. Explicit counts always split.
 AUTO_CHUNKS = 1
+# "auto" in the agreement's chunks field (a count is positive)
+_AUTO_FIELD = 0
 
 
 def _local_chunks(heads: int, kv: int, world: int, chunks) -> int:
-    """The chunk count (an int, or "auto") checked against this rank's heads."""
+    """The chunk count checked against this rank's heads: a positive int, or
+    _AUTO_FIELD for "auto"."""
     local_q, split = heads // world, kv >= world
     local_kv = kv // world if split else 1
-    if chunks == "auto":
-        chunks = AUTO_CHUNKS
+    if isinstance(chunks, str) and chunks == "auto":
+        return _AUTO_FIELD
     if isinstance(chunks, bool) or not isinstance(chunks, int):
         raise TypeError(f"ulysses: chunks must be an int or \"auto\", got {type(chunks).__name__}")
     _C._check_ulysses_chunks(local_q, local_kv, split, chunks)
     return chunks
 
 
+def _plan(rows: int, heads: int, kv: int, world: int, chunks: int, transport: str) -> Tuple[int, ...]:
+    """Each chunk's q heads of a rank's local heads, from a checked count
+    (or _AUTO_FIELD); ``rows`` per rank."""
+    local_q, split = heads // world, kv >= world
+    if chunks == _AUTO_FIELD:
+        if transport != "copy_engine":
+            return _peer.equal_plan(local_q, AUTO_CHUNKS)
+        return _peer.auto_plan(local_q, kv // world if split else 1, split, world * rows)
+    return _peer.equal_plan(local_q, chunks)
+
+
 def _wire_code(wire_dtype, chunks=1) -> int:
     if wire_dtype not in _WIRE:
         raise ValueError("ulysses: wire_dtype must be None, torch.float8_e4m3fn or torch.float8_e5m2")
-    if wire_dtype is not None and chunks != 1:
+    if wire_dtype is not None and chunks not in (1, _AUTO_FIELD):
         raise ValueError("ulysses: wire_dtype needs chunks=1")
     return _WIRE[wire_dtype]
 
@@ -145,7 +160,8 @@ def _describe(q, k, v, world: int, chunks=1, wire_dtype=None, transport="nccl") 
 
 
 def _agree(q, k, v, group, chunks=1, wire_dtype=None, transport="nccl") -> int:
-    """Every rank raises the same error, or none does; returns the chunk count."""
+    """Every rank raises the same error, or none does; returns the chunk
+    count (_AUTO_FIELD for "auto")."""
     world, _ = _world(group)
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
@@ -172,6 +188,8 @@ def _agree(q, k, v, group, chunks=1, wire_dtype=None, transport="nccl") -> int:
                 values = [next(d for d, c in _WIRE.items() if c == x) for x in values]
             if field == "transport":
                 values = [next(t for t, c in _TRANSPORTS.items() if c == x) for x in values]
+            if field == "chunks":
+                values = ["auto" if x == _AUTO_FIELD else x for x in values]
             shown = "[" + ", ".join(str(x) for x in values) + "]"
             raise ValueError(f"ulysses: every rank must pass the same {field}, got {shown}")
     return int(every[0][_FIELDS.index("chunks")])
@@ -475,14 +493,15 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, attn_fn: Opti
     ``[S, h, D]`` (default: scaled_dot_product_attention, ``causal`` as
     given). ``chunks`` > 1 splits each rank's heads into that many groups
     and overlaps the exchange of one group with attention on the previous
-    one, both ways (``"auto"``: AUTO_CHUNKS, no split; see its comment).
+    one, both ways (``"auto"``: over NCCL AUTO_CHUNKS, no split; over the
+    copy engines growing chunks with a small first and last one,
+    _peer.auto_plan).
     ``wire_dtype`` (fp8) halves the bytes of both exchanges.
     ``transport="copy_engine"`` moves the bytes with the GPUs' copy engines
     instead of NCCL's kernels (one node, peer access; docs/contract.md).
     Returns ``[rows, H, D]``."""
-    if isinstance(chunks, str) and chunks == "auto":
-        chunks = AUTO_CHUNKS
-    if chunks == 1 and transport == "nccl":
+    auto = isinstance(chunks, str) and chunks == "auto"
+    if transport == "nccl" and ((type(chunks) is int and chunks == 1) or (auto and AUTO_CHUNKS == 1)):
         ql, kl, vl = scatter_heads(q, k, v, group, validate=validate, wire_dtype=wire_dtype)
         out = _checked(attn_fn or sdpa(causal))(ql, kl, vl)
         return gather_heads(out, group, wire_dtype=wire_dtype)
@@ -515,10 +534,13 @@ def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, val
         chunks = _local_chunks(q.shape[1], k.shape[1], world, chunks)
         _wire_code(wire_dtype, chunks)
         _transport_code(transport, q, wire_dtype)
-    if transport == "copy_engine" and world > 1:
-        return _peer.attention(q, k, v, group, attn, chunks)
     rows, heads, dim = q.shape
     kv = k.shape[1]
+    over_peers = transport == "copy_engine" and world > 1  # one rank has nothing to send
+    plan = _plan(rows, heads, kv, world, chunks, transport if over_peers else "nccl")
+    if over_peers:
+        return _peer.attention(q, k, v, group, attn, plan)
+    chunks = len(plan)  # equal chunks over NCCL
     local_q, split = heads // world, kv >= world
     chunk_q = local_q // chunks
     chunk_kv = world * (kv // world // chunks) if split else kv

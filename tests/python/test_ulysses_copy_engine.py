@@ -120,3 +120,87 @@ def _set_up_errors(rank, world, device):
 @pytest.mark.parametrize("world", [2])
 def test_nccl_copy_engine_set_up_errors(world):
     nccl_ranks_ok(world, _set_up_errors)
+
+
+@pytest.mark.parametrize("local_q, group, edge, want", [
+    (28, 1, 1, (1, 26, 1)), (28, 1, 2, (2, 24, 2)), (12, 4, 1, (4, 4, 4)), (8, 4, 1, (8,)),
+    (2, 1, 1, (2,)), (3, 1, 1, (1, 1, 1)), (1, 1, 1, (1,))])
+def test_edge_plan(local_q, group, edge, want):
+    assert _peer.edge_plan(local_q, group, edge) == want
+
+
+@pytest.mark.parametrize("local_q, group, ratio, want", [
+    (16, 1, 3.3, (1, 3, 11, 1)), (28, 1, 16.8, (1, 26, 1)), (40, 1, 2.0, (1, 2, 4, 8, 24, 1)),
+    (12, 4, 5.0, (4, 4, 4)), (8, 4, 5.0, (8,)), (6, 1, 1.6, (1, 1, 1, 1, 1, 1)), (16, 1, 0.9, (16,))])
+def test_growing_plan(local_q, group, ratio, want):
+    assert _peer.growing_plan(local_q, group, ratio) == want
+    assert sum(want) == local_q and all(n % group == 0 for n in want)
+
+
+@pytest.mark.parametrize("local_q, local_kv, split, sequence, want", [
+    (16, 16, True, 16384, (1, 3, 11, 1)), (28, 28, True, 83968, (1, 26, 1)), (16, 4, True, 16384, (4, 8, 4)),
+    (4, 1, False, 16384, (1, 2, 1)), (16, 16, True, 80, (16,))])
+def test_auto_plan(local_q, local_kv, split, sequence, want):
+    assert _peer.auto_plan(local_q, local_kv, split, sequence) == want
+
+
+def _per_head(causal):
+    """SDPA one q head at a time (with the kv head it uses): a head's result
+    then does not depend on how many heads a call holds, so layers that
+    split the heads differently must agree bit for bit."""
+    attn = ulysses.sdpa(causal)
+
+    def run(q, k, v):
+        per_kv = q.shape[1] // k.shape[1]
+        return torch.cat([attn(q[:, h:h + 1], k[:, h // per_kv:h // per_kv + 1], v[:, h // per_kv:h // per_kv + 1])
+                          for h in range(q.shape[1])], dim=1)
+    return run
+
+
+def _uneven_plans_same(rank, world, device):
+    """Uneven chunks over the copy engines (chunks="auto", and growing and
+    edge plans given to the transport directly) against the NCCL layer, MHA
+    and GQA split and replicated, on repeated calls and under graph replay;
+    ranks that disagree on "auto" raise alike."""
+    dim = 64
+    for rows, heads, kv in [(40, 12, 12), (17, 24, 6), (33, 8, 1), (1, 6, 2), (8192, 8, 8)]:
+        g = torch.Generator().manual_seed(heads + kv + rank)
+        q, k, v = (torch.randn(rows, n, dim, generator=g).to(torch.bfloat16).to(device) for n in (heads, kv, kv))
+        attn = _per_head(True)
+        want = ulysses.ulysses_attention(q, k, v, attn_fn=attn)
+        local_q, split = heads // world, kv >= world
+        group = local_q // (kv // world) if split else 1
+        plans = {_peer.growing_plan(local_q, group, 2.0), _peer.edge_plan(local_q, group, 1)}
+        for plan in sorted(plans):
+            for call in range(2):
+                got = _peer.attention(q, k, v, None, ulysses._checked(attn), plan)
+                if not torch.equal(got, want):
+                    return f"({rows}, {heads}, {kv}) plan {plan} call {call}: differs"
+        for call in range(2):
+            got = ulysses.ulysses_attention(q, k, v, attn_fn=attn, chunks="auto", transport="copy_engine")
+            if not torch.equal(got, want):
+                return f"({rows}, {heads}, {kv}) auto call {call}: differs by {(got.float() - want.float()).abs().max()}"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = ulysses.ulysses_attention(q, k, v, attn_fn=attn, chunks="auto", transport="copy_engine",
+                                            validate=False)
+        for _ in range(2):
+            got.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            if not torch.equal(got, want):
+                return f"({rows}, {heads}, {kv}) auto replayed: differs"
+    q, k, v = (torch.randn(8, 8, dim, device=device, dtype=torch.bfloat16) for _ in range(3))
+    try:
+        ulysses.ulysses_attention(q, k, v, chunks="auto" if rank == 0 else 2, transport="copy_engine")
+        return "no error for chunks that differ"
+    except ValueError as e:
+        want = "ulysses: every rank must pass the same chunks, got [auto, " + ", ".join("2" for _ in range(world - 1)) + "]"
+        if str(e) != want:
+            return str(e)
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [2])
+def test_nccl_copy_engine_uneven_plans(world):
+    nccl_ranks_ok(world, _uneven_plans_same)
