@@ -2,7 +2,8 @@
 # One Ulysses pass on a machine with 2+ GPUs: build, every Ulysses test (the
 # NCCL ones included), bench_ulysses_dist.py's named parts, then the layer's
 # GPU timeline (bench/diagnostics/ulysses_trace.py); logs in $OUT (or
-# bench/out), the tables last.
+# bench/out), the tables last. The timeline is of graph replays; its
+# summary lines (time with no attention kernel running) print before the tables.
 #   tools/gpu_ulysses.sh [parts]        # bench parts, comma-separated (default: plans)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,7 @@ grep -E "^(FAILED|ERROR) " "$OUT/test_ulysses.log" | head -20
 start=$(date +%s)
 timeout 330 python3 bench/bench_ulysses_dist.py --parts "$parts" > "$OUT/bench_ulysses_dist.md" 2>&1
 echo "bench rc=$? ($(( $(date +%s) - start )) s)"
-timeout 120 python3 bench/diagnostics/ulysses_trace.py > "$OUT/ulysses_trace.txt" 2>&1 || echo "trace failed: $(tail -3 "$OUT/ulysses_trace.txt")"
-grep -A40 "ce4\|ceauto" "$OUT/ulysses_trace.txt" | grep -v -i warn | head -100
+shapes="8192,32,0 8192,32,1 41984,56,0 41984,56,1 75600,40,0 75600,40,1 65536,24,0 65536,24,1"
+timeout 240 python3 bench/diagnostics/ulysses_trace.py --graph $shapes > "$OUT/ulysses_trace.txt" 2>&1 || echo "trace failed: $(tail -3 "$OUT/ulysses_trace.txt")"
+grep -E "^## |no attention kernel" "$OUT/ulysses_trace.txt"
 grep -E "^\||^###" "$OUT/bench_ulysses_dist.md"
