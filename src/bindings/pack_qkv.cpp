@@ -7,6 +7,7 @@
 #include "core/pack_qkv.h"
 
 #if ATTNPREP_WITH_CUDA
+#include "cuda/pack_flat.h"
 #include "cuda/strided_copy.h"
 #endif
 
@@ -49,6 +50,11 @@ nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, 
   }
   if (dst.numel() == 0) return result;
 
+  core::PackFlatPlan flat;
+  if (core::plan_pack_flat(shape, tq.arg, tk.arg, tv.arg, dst, flat)) {
+    ATTNPREP_RUN_CUDA(kOp, tq.arg.device, stream, cuda::pack_flat(flat, stream));
+    return result;
+  }
   const core::StridedCopyPlan plan = core::plan_pack_qkv(shape, tq.arg, tk.arg, tv.arg, dst);
   ATTNPREP_RUN_CUDA(kOp, tq.arg.device, stream, cuda::strided_copy(plan, stream));
   return result;

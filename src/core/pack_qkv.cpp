@@ -76,6 +76,32 @@ StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const T
   return plan_strided_copy(jobs, 3);
 }
 
+bool plan_pack_flat(const PackQkvShape& s, const TensorArg& q, const TensorArg& k, const TensorArg& v,
+                    const TensorArg& out, PackFlatPlan& p) {
+  const int64_t es = q.itemsize, row_bytes = s.head_size * es;
+  const int64_t total = s.world_size * s.rows * s.local_heads * 3 * row_bytes / 16;
+  if (row_bytes % 16 != 0 || total == 0 || total >= CopyCudaPolicy::small_below) return false;
+  if (reinterpret_cast<uintptr_t>(out.data) % 16 != 0) return false;
+  const TensorArg* src[3] = {&q, &k, &v};
+  for (int j = 0; j < 3; ++j) {
+    const TensorArg& t = *src[j];
+    p.src[j] = static_cast<const unsigned char*>(t.data);
+    p.row_stride[j] = t.stride(0) * es;
+    p.head_stride[j] = t.stride(1) * es;
+    if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || p.row_stride[j] % 16 != 0 || p.head_stride[j] % 16 != 0)
+      return false;
+  }
+  p.out = static_cast<unsigned char*>(out.data);
+  p.total = total;
+  p.local_heads = static_cast<int32_t>(s.local_heads);
+  p.rows = static_cast<int32_t>(s.rows);
+  p.by_row3 = FastDivmod(static_cast<uint32_t>(3 * row_bytes / 16));
+  p.by_seg = FastDivmod(static_cast<uint32_t>(row_bytes / 16));
+  p.by_local = FastDivmod(static_cast<uint32_t>(s.local_heads));
+  p.by_rows = FastDivmod(static_cast<uint32_t>(s.rows));
+  return true;
+}
+
 void check_ulysses_geometry(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size) {
   require(q.ndim == 3 && k.ndim == 3 && k.same_shape(v) && k.size(0) == q.size(0) && k.size(2) == q.size(2),
           "ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, head_dim]");

@@ -29,6 +29,40 @@ void check_pack_qkv_out(const PackQkvShape& shape, const TensorArg& q, const Ten
 StridedCopyPlan plan_pack_qkv(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k,
                               const TensorArg& v, const TensorArg& out);
 
+// A small pack (under CopyCudaPolicy::small_below vectors, every address
+// and stride a multiple of 16 bytes) walked as one flat run of the output's
+// 16-byte vectors: output vector i is vector i % seg of segment (i / seg) % 3
+// (q, k or v) of output row i / (3 * seg). One pass in output order, one
+// vector per thread: a call alone costs less than the engine's three jobs
+// over a 4-D index (docs/performance-notes.md, copy engine).
+struct PackFlatPlan {
+  const unsigned char* src[3];
+  int64_t row_stride[3];   // bytes between token rows of q, k, v
+  int64_t head_stride[3];  // bytes between heads of q, k, v
+  unsigned char* out;
+  int64_t total;           // 16-byte vectors in the output
+  int32_t local_heads, rows;
+  FastDivmod by_row3, by_seg, by_local, by_rows;  // 3 * seg, seg, local heads, rows
+};
+// False when the pack does not qualify (then plan_pack_qkv's engine runs).
+bool plan_pack_flat(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k, const TensorArg& v,
+                    const TensorArg& out, PackFlatPlan& plan);
+// Where output vector i (< plan.total) is read: tensor `which` (0 q, 1 k,
+// 2 v), byte offset `from`. Shared by the kernel and the host tests.
+ATTNPREP_HD void pack_flat_source(const PackFlatPlan& p, uint32_t i, int& which, int64_t& from) {
+  const uint32_t row = p.by_row3.div(i);               // output row: (destination, token, local head)
+  const uint32_t c = i - row * p.by_row3.divisor;      // vector within the row's q | k | v
+  const uint32_t seg = p.by_seg.div(c);
+  const uint32_t e = c - seg * p.by_seg.divisor;
+  const uint32_t t = p.by_local.div(row);              // (destination, token)
+  const uint32_t h = row - t * p.by_local.divisor;
+  const uint32_t d = p.by_rows.div(t);
+  const uint32_t r = t - d * p.by_rows.divisor;
+  which = static_cast<int>(seg);
+  from = int64_t{r} * p.row_stride[which] + (int64_t{d} * p.local_heads + h) * p.head_stride[which] +
+         int64_t{e} * 16;
+}
+
 // Internal variant for the Ulysses layer (grouped-query attention, and MHA
 // when the exchange is chunked): q has `heads` heads, k and v `kv_heads`.
 // Output [chunks, world_size, rows, (chunk_q + 2 * chunk_kv) * head_size]:

@@ -123,10 +123,25 @@ void pack_matches(int64_t rows, int64_t heads, int64_t dim, int64_t world, DType
   test::execute_on_host(plan);
   attnprep::cpu::pack_qkv_reference(q, k, v, world, want);
   const size_t n = static_cast<size_t>(got.numel() * es);
+  const std::string what = "rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) +
+                           " dim=" + std::to_string(dim) + " world=" + std::to_string(world);
   if (std::memcmp(got.data, want.data, n) != 0)
-    test::fail(__FILE__, __LINE__, "pack mismatch rows=" + std::to_string(rows) + " heads=" + std::to_string(heads) +
-                                       " dim=" + std::to_string(dim) + " world=" + std::to_string(world) +
-                                       " vec=" + std::to_string(plan.vec_bytes));
+    test::fail(__FILE__, __LINE__, "pack mismatch " + what + " vec=" + std::to_string(plan.vec_bytes));
+  // the small path in output order, where it applies, over a fresh poisoned output
+  PackFlatPlan flat;
+  const bool aligned16 = (dim * es) % 16 == 0 && misalign_elems == 0;
+  if (plan_pack_flat(shape, q, k, v, got, flat) != (aligned16 && n > 0))
+    test::fail(__FILE__, __LINE__, "flat plan " + what);
+  if (aligned16 && n > 0) {
+    for (auto& b : bg.bytes) b = 0xA5;  // poisoned again
+    for (int64_t i = 0; i < flat.total; ++i) {
+      int which;
+      int64_t from;
+      pack_flat_source(flat, static_cast<uint32_t>(i), which, from);
+      std::memcpy(flat.out + i * 16, flat.src[which] + from, 16);
+    }
+    if (std::memcmp(got.data, want.data, n) != 0) test::fail(__FILE__, __LINE__, "flat pack mismatch " + what);
+  }
 }
 }  // namespace
 
@@ -155,6 +170,33 @@ TEST_CASE("plan picks 16-byte vectors when everything is aligned, narrower other
   auto s80 = check_pack_qkv_inputs(q80, q80, q80, 2);
   CHECK_EQ(plan_pack_qkv(s80, q80, q80, q80, out80).vec_bytes, 8);
   CHECK_EQ(plan_pack_qkv(s, q, q, q, out).index_bits, 32);
+}
+
+TEST_CASE("the small path in output order: small packs of 16-byte rows only") {
+  auto q = make({65, 8, 128});
+  auto out = make({8, 65, 1, 384});
+  PackFlatPlan flat;
+  CHECK(plan_pack_flat(check_pack_qkv_inputs(q, q, q, 8), q, q, q, out, flat));
+  CHECK_EQ(flat.total, 8 * 65 * 3 * 16);
+  auto odd = q;
+  odd.data = static_cast<unsigned char*>(q.data) + 2;  // one bf16 element off
+  CHECK(!plan_pack_flat(check_pack_qkv_inputs(q, q, q, 8), odd, q, q, out, flat));
+  auto q72 = make({4, 8, 36});  // 72-byte rows
+  auto out72 = make({2, 4, 4, 108});
+  CHECK(!plan_pack_flat(check_pack_qkv_inputs(q72, q72, q72, 2), q72, q72, q72, out72, flat));
+  // as large as the engine's small path and no larger
+  const int64_t rows = CopyCudaPolicy::small_below / (3 * 8 * 16) + 1;  // 8 destinations, 3 segments of 16 vectors
+  auto big = make({rows, 8, 128});
+  auto big_out = make({8, rows, 1, 384});
+  CHECK(!plan_pack_flat(check_pack_qkv_inputs(big, big, big, 8), big, big, big, big_out, flat));
+  auto below = make({rows - 1, 8, 128});
+  auto below_out = make({8, rows - 1, 1, 384});
+  CHECK(plan_pack_flat(check_pack_qkv_inputs(below, below, below, 8), below, below, below, below_out, flat));
+  CHECK(plan_copy_cuda_launch(plan_pack_qkv(check_pack_qkv_inputs(big, big, big, 8), big, big, big, big_out)).small ==
+        false);
+  CHECK(plan_copy_cuda_launch(
+            plan_pack_qkv(check_pack_qkv_inputs(below, below, below, 8), below, below, below, below_out))
+            .small);
 }
 
 TEST_CASE("plan switches to 64-bit indexing past 2^31 vectors") {

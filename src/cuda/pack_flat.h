@@ -1,0 +1,13 @@
+// CUDA launcher of a small pack walked in output order (core::PackFlatPlan).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/pack_qkv.h"
+
+namespace attnprep::cuda {
+
+// Enqueues the pack on `stream`. Returns the launch status, never throws.
+cudaError_t pack_flat(const core::PackFlatPlan& plan, cudaStream_t stream);
+
+}  // namespace attnprep::cuda
