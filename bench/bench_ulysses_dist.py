@@ -263,6 +263,12 @@ def _captured(fn):
     return graph.replay
 
 
+def edge_plan(local_q: int, edge: int):
+    """A first and a last chunk of ``edge`` heads (MHA) around one chunk of
+    the rest, for the transport's ``plan`` (each chunk's q heads)."""
+    return (local_q,) if local_q < 3 * edge else (edge, local_q - 2 * edge, edge)
+
+
 PLAN_VARIANTS = ["nccl, 1 chunk", "copy engines, 4 equal chunks", "edge plan, 1 kv group", "edge plan, 2 kv groups",
                  "auto (growing plan)"]
 
@@ -274,7 +280,7 @@ def plan_rows(world, device, dtype, rows, heads, dim, causal, iters):
     each iteration}), each time the slowest rank's in its iteration, and each
     rank's own median of attention alone; for PLAN_VARIANTS: the NCCL layer,
     the copy-engine layer with 4 equal chunks, with edge plans of 1 and 2 kv
-    groups (_peer.edge_plan) and with chunks="auto" (_peer.auto_plan).
+    groups (edge_plan) and with chunks="auto" (_peer.auto_plan).
     Exposed in iteration i = (layer_i - attention_i) / the NCCL exchange's
     median, so that the slow drift of attention's own time falls out of the
     difference."""
@@ -284,7 +290,7 @@ def plan_rows(world, device, dtype, rows, heads, dim, causal, iters):
     local = heads // world
 
     def edge(groups):
-        plan = _peer.edge_plan(local, 1, groups)
+        plan = edge_plan(local, groups)
         checked = ulysses._checked(ulysses.sdpa(causal))
         return lambda: _peer.attention(*layer.inputs, None, checked, plan)
 
@@ -303,7 +309,7 @@ def plan_rows(world, device, dtype, rows, heads, dim, causal, iters):
             main.wait_stream(side)
         return run
 
-    fns = [attention, layer(1, "nccl", _identity), attention_in_plan(_peer.edge_plan(local, 1, 1)),
+    fns = [attention, layer(1, "nccl", _identity), attention_in_plan(edge_plan(local, 1)),
            layer(1, "nccl"), layer(4, "copy_engine"), edge(1), edge(2), layer("auto", "copy_engine")]
     times, mine = replays_timed_in_turn([_captured(fn) for fn in fns], iters)
     t_x = statistics.median(times[1])

@@ -144,18 +144,6 @@ def equal_plan(local_q: int, chunks: int) -> Tuple[int, ...]:
     return (local_q // chunks,) * chunks
 
 
-def edge_plan(local_q: int, group: int, edge: int) -> Tuple[int, ...]:
-    """A small first and last chunk of ``edge`` kv groups each (``group`` q
-    heads share a kv head) around one chunk of the rest: only the first
-    chunk's inbound copies precede attention and only the last chunk's
-    outbound copies follow it, while the middle chunk's copies run under
-    attention on the first (inbound) and the last (outbound)."""
-    small = edge * group
-    if local_q < 3 * small:
-        return (local_q,)
-    return (small, local_q - 2 * small, small)
-
-
 def growing_plan(local_q: int, group: int, ratio: float) -> Tuple[int, ...]:
     """Chunks that grow by ``ratio`` from a first chunk of one kv group
     (``group`` q heads share a kv head), with a last chunk of one kv group:

@@ -122,13 +122,6 @@ def test_nccl_copy_engine_set_up_errors(world):
     nccl_ranks_ok(world, _set_up_errors)
 
 
-@pytest.mark.parametrize("local_q, group, edge, want", [
-    (28, 1, 1, (1, 26, 1)), (28, 1, 2, (2, 24, 2)), (12, 4, 1, (4, 4, 4)), (8, 4, 1, (8,)),
-    (2, 1, 1, (2,)), (3, 1, 1, (1, 1, 1)), (1, 1, 1, (1,))])
-def test_edge_plan(local_q, group, edge, want):
-    assert _peer.edge_plan(local_q, group, edge) == want
-
-
 @pytest.mark.parametrize("local_q, group, ratio, want", [
     (16, 1, 3.3, (1, 3, 11, 1)), (28, 1, 16.8, (1, 26, 1)), (40, 1, 2.0, (1, 2, 4, 8, 24, 1)),
     (12, 4, 5.0, (4, 4, 4)), (8, 4, 5.0, (8,)), (6, 1, 1.6, (1, 1, 1, 1, 1, 1)), (16, 1, 0.9, (16,))])
@@ -158,8 +151,8 @@ def _per_head(causal):
 
 
 def _uneven_plans_same(rank, world, device):
-    """Uneven chunks over the copy engines (chunks="auto", and growing and
-    edge plans given to the transport directly) against the NCCL layer, MHA
+    """Uneven chunks over the copy engines (chunks="auto", and growing plans
+    and a small first and last chunk given to the transport directly) against the NCCL layer, MHA
     and GQA split and replicated, on repeated calls and under graph replay;
     ranks that disagree on "auto" raise alike."""
     dim = 64
@@ -170,7 +163,8 @@ def _uneven_plans_same(rank, world, device):
         want = ulysses.ulysses_attention(q, k, v, attn_fn=attn)
         local_q, split = heads // world, kv >= world
         group = local_q // (kv // world) if split else 1
-        plans = {_peer.growing_plan(local_q, group, 2.0), _peer.edge_plan(local_q, group, 1)}
+        edges = (group, local_q - 2 * group, group) if local_q >= 3 * group else (local_q,)  # small first and last
+        plans = {_peer.growing_plan(local_q, group, 2.0), edges}
         for plan in sorted(plans):
             for call in range(2):
                 got = _peer.attention(q, k, v, None, ulysses._checked(attn), plan)
