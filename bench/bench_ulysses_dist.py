@@ -276,7 +276,7 @@ PLAN_VARIANTS = ["nccl, 1 chunk", "copy engines, 4 equal chunks", "edge plan, 1 
 def plan_rows(world, device, dtype, rows, heads, dim, causal, iters):
     """Under CUDA-graph replay, timed by events and paired by iteration:
     (attention alone ms, each rank's attention alone ms, NCCL exchange alone ms, attention alone in the
-    edge-1 plan's chunks on two streams ms, {variant: exposed exchanges of
+    "auto" plan's chunks on two streams ms, {variant: exposed exchanges of
     each iteration}), each time the slowest rank's in its iteration, and each
     rank's own median of attention alone; for PLAN_VARIANTS: the NCCL layer,
     the copy-engine layer with 4 equal chunks, with edge plans of 1 and 2 kv
@@ -309,7 +309,7 @@ def plan_rows(world, device, dtype, rows, heads, dim, causal, iters):
             main.wait_stream(side)
         return run
 
-    fns = [attention, layer(1, "nccl", _identity), attention_in_plan(edge_plan(local, 1)),
+    fns = [attention, layer(1, "nccl", _identity), attention_in_plan(_peer.auto_plan(local, local, True, world * rows)),
            layer(1, "nccl"), layer(4, "copy_engine"), edge(1), edge(2), layer("auto", "copy_engine")]
     times, mine = replays_timed_in_turn([_captured(fn) for fn in fns], iters)
     t_x = statistics.median(times[1])
@@ -420,7 +420,7 @@ def extra_tables(rank, world, device, dtype, a):
             torch.cuda.empty_cache()
     if "plans" in a.parts and a.backend == "nccl":
         out += ["\n| (rows per rank, heads, head_dim) | causal | graphs: attention alone, slowest rank ms | "
-                "each rank's own ms | NCCL exchange alone ms | attention alone in the edge-1 chunks ms | exposed (of the NCCL exchange), median (min to max) over "
+                "each rank's own ms | NCCL exchange alone ms | attention alone in the \"auto\" chunks ms | exposed (of the NCCL exchange), median (min to max) over "
                 "iterations: " + " | ".join(PLAN_VARIANTS) + " |",
                 "|---|---|---|---|---|---|" + "---|" * len(PLAN_VARIANTS)]
         for rows, heads, dim, causal in overlap_cases(shapes, world):
