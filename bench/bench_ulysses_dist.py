@@ -420,8 +420,9 @@ def extra_tables(rank, world, device, dtype, a):
             torch.cuda.empty_cache()
     if "plans" in a.parts and a.backend == "nccl":
         out += ["\n| (rows per rank, heads, head_dim) | causal | graphs: attention alone, slowest rank ms | "
-                "each rank's own ms | NCCL exchange alone ms | attention alone in the \"auto\" chunks ms | exposed (of the NCCL exchange), median (min to max) over "
-                "iterations: " + " | ".join(PLAN_VARIANTS) + " |",
+                "each rank's own ms | NCCL exchange alone ms | attention alone in the \"auto\" chunks ms | "
+                "exposed (of the NCCL exchange), median (min to max) over iterations: " + " | ".join(PLAN_VARIANTS)
+                + " |",
                 "|---|---|---|---|---|---|" + "---|" * len(PLAN_VARIANTS)]
         for rows, heads, dim, causal in overlap_cases(shapes, world):
             t_attn, each, t_x, t_split, exposed_by = plan_rows(world, device, dtype, rows, heads, dim, causal,
