@@ -10,6 +10,8 @@ transformers' own rotary embedding modules.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from numbers import Real
 from typing import Optional, Tuple
 
 import torch
@@ -25,26 +27,68 @@ def _need(kind: str, cfg: dict, key: str):
     return cfg[key]
 
 
+def _is_positive(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _positive(name: str, value):
+    """``value``, refused unless a positive finite number: the schemes'
+    formulas divide by these numbers or take their logs, and would return a
+    table of NaN or a ZeroDivisionError instead."""
+    if not _is_positive(value):
+        raise ValueError(f"rope_cos_sin_cache: {name} must be a positive finite number, got {value!r}")
+    return value
+
+
+def _number(kind: str, cfg: dict, key: str):
+    """A key the scheme needs: present, and a positive finite number."""
+    return _positive(f"{kind} scaling's {key}", _need(kind, cfg, key))
+
+
+def _optional(kind: str, cfg: dict, key: str, zero_is_default: bool = False):
+    """A key the scheme may go without: None where it is missing (or 0, for
+    the keys the model's code reads with ``or``), else a positive finite
+    number."""
+    value = cfg.get(key)
+    if value is None or (zero_is_default and isinstance(value, Real) and value == 0):
+        return None
+    return _positive(f"{kind} scaling's {key}", value)
+
+
+def _above_one(kind: str, name: str, value):
+    """A number whose log the scheme divides by."""
+    if not value > 1:
+        raise ValueError(f"rope_cos_sin_cache: {kind} scaling needs {name} > 1, got {value!r}")
+    return value
+
+
+def _context(kind: str, max_position_embeddings):
+    """The model's context length, where a scheme needs it."""
+    _need(kind, {"max_position_embeddings": max_position_embeddings}, "max_position_embeddings")
+    return _positive("max_position_embeddings", max_position_embeddings)
+
+
 def _plain(base: float, dim: int) -> Tensor:
     # float32 pow of float32 exponents, as the models compute it
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
 
 
 def _yarn(cfg: dict, base: float, dim: int, max_position_embeddings: Optional[int]) -> Tuple[Tensor, float]:
-    original = _need("yarn", cfg, "original_max_position_embeddings")
-    factor = cfg.get("factor")
+    original = _number("yarn", cfg, "original_max_position_embeddings")
+    factor = _optional("yarn", cfg, "factor")
     if factor is None:
-        factor = _need("yarn", {"max_position_embeddings": max_position_embeddings}, "max_position_embeddings") / original
+        factor = _context("yarn", max_position_embeddings) / original
 
     def mscale_of(scale, m=1.0):
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
-    attention = cfg.get("attention_factor")
+    attention = _optional("yarn", cfg, "attention_factor")
     if attention is None:
-        m, m_all = cfg.get("mscale"), cfg.get("mscale_all_dim")
+        m, m_all = (_optional("yarn", cfg, key, zero_is_default=True) for key in ("mscale", "mscale_all_dim"))
         attention = float(mscale_of(factor, m) / mscale_of(factor, m_all)) if m and m_all else mscale_of(factor)
-    beta_fast = cfg.get("beta_fast") or 32
-    beta_slow = cfg.get("beta_slow") or 1
+    beta_fast = _optional("yarn", cfg, "beta_fast", zero_is_default=True) or 32
+    beta_slow = _optional("yarn", cfg, "beta_slow", zero_is_default=True) or 1
+    _above_one("yarn", "base", base)
 
     def correction_dim(rotations):
         return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
@@ -64,10 +108,10 @@ def _yarn(cfg: dict, base: float, dim: int, max_position_embeddings: Optional[in
 
 def _llama3(cfg: dict, base: float, dim: int) -> Tensor:
     inv = _plain(base, dim)
-    factor = _need("llama3", cfg, "factor")
-    low_factor = _need("llama3", cfg, "low_freq_factor")
-    high_factor = _need("llama3", cfg, "high_freq_factor")
-    context = _need("llama3", cfg, "original_max_position_embeddings")
+    factor = _number("llama3", cfg, "factor")
+    low_factor = _number("llama3", cfg, "low_freq_factor")
+    high_factor = _number("llama3", cfg, "high_freq_factor")
+    context = _number("llama3", cfg, "original_max_position_embeddings")
     low_wavelen, high_wavelen = context / low_factor, context / high_factor
     wavelen = 2 * math.pi / inv
     scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
@@ -77,18 +121,29 @@ def _llama3(cfg: dict, base: float, dim: int) -> Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def _factors(cfg: dict, key: str, dim: int) -> list:
+    """longrope's per-frequency factors: rotary_dim / 2 positive numbers."""
+    values = _need("longrope", cfg, key)
+    n = dim // 2
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n or \
+            not all(_is_positive(x) for x in values):
+        raise ValueError(f"rope_cos_sin_cache: longrope scaling's {key} must hold rotary_dim / 2 = {n} "
+                         "positive finite numbers")
+    return list(values)
+
+
 def _longrope(cfg: dict, base: float, dim: int, seq_len: int,
               max_position_embeddings: Optional[int]) -> Tuple[Tensor, float]:
-    original = _need("longrope", cfg, "original_max_position_embeddings")
-    long_factor = _need("longrope", cfg, "long_factor")
-    short_factor = _need("longrope", cfg, "short_factor")
-    factor = cfg.get("factor")
+    original = _number("longrope", cfg, "original_max_position_embeddings")
+    long_factor = _factors(cfg, "long_factor", dim)
+    short_factor = _factors(cfg, "short_factor", dim)
+    factor = _optional("longrope", cfg, "factor")
     if factor is None:
-        factor = (_need("longrope", {"max_position_embeddings": max_position_embeddings}, "max_position_embeddings")
-                  / original)
-    attention = cfg.get("attention_factor")
+        factor = _context("longrope", max_position_embeddings) / original
+    attention = _optional("longrope", cfg, "attention_factor")
     if attention is None:
-        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        attention = 1.0 if factor <= 1.0 else math.sqrt(
+            1 + math.log(factor) / math.log(_above_one("longrope", "original_max_position_embeddings", original)))
     ext = torch.tensor(long_factor if seq_len > original else short_factor, dtype=torch.float32)
     shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     return 1.0 / (ext * base**shape), attention
@@ -97,20 +152,26 @@ def _longrope(cfg: dict, base: float, dim: int, seq_len: int,
 def rope_inv_freq(head_dim: int, base: float, *, rotary_dim: Optional[int] = None, scaling: Optional[dict] = None,
                   max_position_embeddings: Optional[int] = None, seq_len: int = 0) -> Tuple[Tensor, float]:
     """(inv_freq ``[rotary_dim / 2]`` float32, attention factor) of a RoPE scheme."""
+    if scaling is not None and not isinstance(scaling, Mapping):
+        raise ValueError(f"rope_cos_sin_cache: scaling must be a dict or None, got {type(scaling).__name__}")
     cfg = dict(scaling or {})
     kind = cfg.get("rope_type", cfg.get("type")) or "default"
     if kind not in _SCHEMES:
         raise ValueError(f"rope_cos_sin_cache: unknown rope scaling type {kind}")
-    dim = rotary_dim if rotary_dim is not None else int(head_dim * cfg.get("partial_rotary_factor", 1.0))
+    partial = _optional(kind, cfg, "partial_rotary_factor")
+    dim = rotary_dim if rotary_dim is not None else int(head_dim * (1.0 if partial is None else partial))
     if not (isinstance(dim, int) and 2 <= dim <= head_dim and dim % 2 == 0):
         raise ValueError(f"rope_cos_sin_cache: rotary_dim must be even and in [2, head_dim], got {dim}")
+    _positive("base", base)
     if kind == "default":
         return _plain(base, dim), 1.0
     if kind == "linear":
-        return _plain(base, dim) / _need(kind, cfg, "factor"), 1.0
+        return _plain(base, dim) / _number(kind, cfg, "factor"), 1.0
     if kind == "dynamic":
-        factor = _need(kind, cfg, "factor")
-        context = _need(kind, {"max_position_embeddings": max_position_embeddings}, "max_position_embeddings")
+        factor = _number(kind, cfg, "factor")
+        context = _context(kind, max_position_embeddings)
+        if dim < 4:
+            raise ValueError(f"rope_cos_sin_cache: dynamic scaling needs rotary_dim >= 4, got {dim}")
         length = max(seq_len, context)
         return _plain(base * ((factor * length / context) - (factor - 1)) ** (dim / (dim - 2)), dim), 1.0
     if kind == "yarn":

@@ -70,6 +70,65 @@ def test_errors(kwargs, msg):
     with pytest.raises(ValueError) as e:
         attnprep.rope_cos_sin_cache(128, 16, 10000.0, **kwargs)
     assert str(e.value) == msg
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+LONGROPE = {"rope_type": "longrope", "original_max_position_embeddings": 4096, "long_factor": [1.5] * 64,
+            "short_factor": [1.0] * 64, "factor": 8.0}
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+
+
+def positive(name, value):
+    return f"rope_cos_sin_cache: {name} must be a positive finite number, got {value!r}"
+
+
+# Values for which the model's own formulas divide by zero, take the log of
+# a non-positive number or return NaN: each its own message, no table.
+@pytest.mark.parametrize("base, kwargs, msg", [
+    (0.0, {}, positive("base", 0.0)),
+    (-10000.0, {}, positive("base", -10000.0)),
+    (float("nan"), {}, positive("base", float("nan"))),
+    (float("inf"), {}, positive("base", float("inf"))),
+    (True, {}, positive("base", True)),
+    ("10000", {}, positive("base", "10000")),
+    (10000.0, dict(scaling="linear"), "rope_cos_sin_cache: scaling must be a dict or None, got str"),
+    (10000.0, dict(scaling={"rope_type": "linear", "factor": 0}), positive("linear scaling's factor", 0)),
+    (10000.0, dict(scaling={"rope_type": "linear", "factor": -4.0}), positive("linear scaling's factor", -4.0)),
+    (10000.0, dict(scaling={"rope_type": "linear", "factor": "4"}), positive("linear scaling's factor", "4")),
+    (10000.0, dict(scaling={"partial_rotary_factor": 0.0}), positive("default scaling's partial_rotary_factor", 0.0)),
+    (10000.0, dict(scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=0),
+     positive("max_position_embeddings", 0)),
+    (10000.0, dict(scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=4096, rotary_dim=2),
+     "rope_cos_sin_cache: dynamic scaling needs rotary_dim >= 4, got 2"),
+    (10000.0, dict(scaling={**YARN, "original_max_position_embeddings": 0}),
+     positive("yarn scaling's original_max_position_embeddings", 0)),
+    (10000.0, dict(scaling={**YARN, "factor": float("inf")}), positive("yarn scaling's factor", float("inf"))),
+    (10000.0, dict(scaling={**YARN, "attention_factor": 0.0}), positive("yarn scaling's attention_factor", 0.0)),
+    (10000.0, dict(scaling={**YARN, "mscale": -1.0, "mscale_all_dim": 1.0}), positive("yarn scaling's mscale", -1.0)),
+    (10000.0, dict(scaling={**YARN, "beta_slow": -1}), positive("yarn scaling's beta_slow", -1)),
+    (1.0, dict(scaling=YARN), "rope_cos_sin_cache: yarn scaling needs base > 1, got 1.0"),
+    (10000.0, dict(scaling={**LLAMA3, "high_freq_factor": 0}), positive("llama3 scaling's high_freq_factor", 0)),
+    (10000.0, dict(scaling={**LONGROPE, "long_factor": [1.5] * 63}),
+     "rope_cos_sin_cache: longrope scaling's long_factor must hold rotary_dim / 2 = 64 positive finite numbers"),
+    (10000.0, dict(scaling={**LONGROPE, "short_factor": [1.0] * 63 + [0.0]}),
+     "rope_cos_sin_cache: longrope scaling's short_factor must hold rotary_dim / 2 = 64 positive finite numbers"),
+    (10000.0, dict(scaling={**LONGROPE, "original_max_position_embeddings": 1}),
+     "rope_cos_sin_cache: longrope scaling needs original_max_position_embeddings > 1, got 1"),
+])
+def test_values_the_formulas_cannot_take(base, kwargs, msg):
+    with pytest.raises(ValueError) as e:
+        attnprep.rope_cos_sin_cache(128, 16, base, **kwargs)
+    assert str(e.value) == msg
+
+
+def test_zero_means_the_default_where_the_model_reads_it_so():
+    """yarn's beta_fast, beta_slow, mscale and mscale_all_dim: 0 is the
+    default (the model's code reads them with ``or``), not an error."""
+    zero = {**YARN, "beta_fast": 0, "beta_slow": 0, "mscale": 0, "mscale_all_dim": 0}
+    default = {**YARN, "beta_fast": 32, "beta_slow": 1}
+    assert torch.equal(attnprep.rope_cos_sin_cache(128, 64, 10000.0, scaling=zero),
+                       attnprep.rope_cos_sin_cache(128, 64, 10000.0, scaling=default))
     with pytest.raises(ValueError) as e:
         attnprep.rope_cos_sin_cache(128, 0, 10000.0)
     assert str(e.value) == "rope_cos_sin_cache: max_position must be positive, got 0"
