@@ -11,6 +11,9 @@
 #include <utility>
 
 namespace attnprep::bindings {
+
+std::string str_of(nb::handle obj);  // below
+
 namespace {
 
 using nb::dlpack::dltensor;
@@ -145,6 +148,20 @@ bool is_meta(nb::handle obj) {
   return nb::isinstance<nb::str>(type) && nb::cast<std::string>(type) == "meta";
 }
 
+// A tensor that is not one strided block of memory (sparse, nested, mkldnn)
+// has no DLPack description; torch's refusal then reads as an internal error
+// ("doesn't have storage"), so the layout is named instead. Called after a
+// refusal (a plain tensor's call pays nothing for it) and on the metadata
+// path, whose callers are not per-call hot paths.
+void require_strided(nb::handle obj, const char* what) {
+  std::string layout;
+  if (nb::cast<bool>(nb::getattr(obj, "is_nested", nb::bool_(false))))
+    layout = "a nested tensor";
+  else if (nb::object l = nb::getattr(obj, "layout", nb::none()); !l.is_none() && str_of(l) != "torch.strided")
+    layout = str_of(l);
+  if (!layout.empty()) throw core::ValueError(std::string(what) + " must be a strided tensor, got " + layout);
+}
+
 [[noreturn]] void not_a_tensor(nb::handle obj, const char* what) {
   std::string msg = std::string(what) + " must be a torch.Tensor, got " +
                     nb::cast<std::string>(obj.type().attr("__name__"));
@@ -182,6 +199,7 @@ std::string str_of(nb::handle obj) {
 }
 
 ImportedTensor import_metadata(nb::handle obj, const char* what) {
+  require_strided(obj, what);  // their shapes and strides are not one block's
   if (!nb::hasattr(obj, "shape") || !nb::hasattr(obj, "stride") || !nb::hasattr(obj, "dtype") ||
       !nb::hasattr(obj, "device"))
     not_a_tensor(obj, what);
@@ -221,8 +239,9 @@ ImportedTensor import_tensor(nb::handle obj, const char* what) {
       // refusal (a conjugate or negative view, say) is torch's to report,
       // since copying the raw memory would lose what the view means.
       nb::python_error refusal;  // takes the pending Python error
-      if (!is_meta(obj)) throw refusal;
-      return import_metadata(obj, what);
+      if (is_meta(obj)) return import_metadata(obj, what);
+      require_strided(obj, what);
+      throw refusal;
     }
     out.arg = to_arg(t, what);
     out.dl_dtype = t.dtype;
@@ -232,6 +251,7 @@ ImportedTensor import_tensor(nb::handle obj, const char* what) {
   if (!nb::hasattr(obj, "__dlpack__")) not_a_tensor(obj, what);
   if (is_meta(obj)) return import_metadata(obj, what);
   if (!nb::try_cast(obj, out.keepalive, false)) {
+    require_strided(obj, what);
     obj.attr("__dlpack__")();  // raises torch's own reason, if it has one
     not_a_tensor(obj, what);
   }

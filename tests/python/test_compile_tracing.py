@@ -4,6 +4,10 @@ tensors' metadata, so a bad call fails while tracing with the documented
 ValueError (dynamo wraps it; it is the root cause) and never with a shape
 error; a good one traces with no graph break. Fake CUDA tensors need no GPU."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -103,6 +107,34 @@ def test_fake_kernels_run_the_documented_checks():
                attnprep.rope_pool_fused, *args, **dict(ROPE_KW, num_qo_heads=4))
         expect(ValueError, "rope_pool_fused expects an even rotary_dim in [2, head_dim], got -2",
                attnprep.rope_pool_fused, *args, rotary_dim=-2, **ROPE_KW)
+
+
+LAYOUT_CODE = """
+import warnings, torch, attnprep
+warnings.simplefilter("ignore")  # the sparse CSR and nested constructors' beta/prototype notices
+dense = torch.randn(4, 8, 16)
+for bad, shown in [(torch.randn(4, 8, 16).to_sparse(), "torch.sparse_coo"),
+                   (torch.randn(4, 16).to_sparse_csr(), "torch.sparse_csr"),
+                   (torch.randn(4, 8, 16).to_mkldnn(), "torch._mkldnn"),
+                   (torch.nested.nested_tensor([torch.randn(2, 16), torch.randn(3, 16)]), "a nested tensor")]:
+    for call, name in [(lambda: attnprep.pack_qkv_destination_major(dense, bad, dense, 2), "k"),
+                       (lambda: attnprep.usp_merge_heads(bad), "x")]:
+        try:
+            call()
+        except ValueError as e:
+            assert str(e) == f"{name} must be a strided tensor, got {shown}", str(e)
+        else:
+            raise AssertionError("no error")
+"""
+
+
+def test_tensors_of_other_layouts_get_the_layout_message():
+    """Sparse, mkldnn and nested tensors: torch's DLPack refusal reads as an
+    internal error ("doesn't have storage"), so the layout is named; through
+    torch's exchange API and through the DLPack fallback."""
+    subprocess.run([sys.executable, "-c", LAYOUT_CODE], check=True)
+    env = dict(os.environ, ATTNPREP_DISABLE_EXCHANGE_API="1")
+    subprocess.run([sys.executable, "-c", LAYOUT_CODE], check=True, env=env)
 
 
 def test_meta_tensors_get_the_device_message():

@@ -106,6 +106,8 @@ def _bad_input_worker(rank, world, device, case):
         grad = True
     q = None if heads is None else torch.randn(3, heads, dim, dtype=dtype, requires_grad=grad)
     k, v = (torch.randn(3, kv, dim, dtype=dtype) for _ in range(2))
+    if case == "sparse" and rank == world - 1:
+        v = v.to_sparse()
     try:
         ulysses.ulysses_attention(q, k, v)
         return "no error"
@@ -120,6 +122,7 @@ BAD_INPUTS = {
     "local": ("ValueError", "ulysses: rank 1: ulysses: world_size must divide the number of q heads"),
     "not a tensor": ("TypeError", "ulysses: rank 0: q must be a torch.Tensor, got NoneType"),
     "grad": ("ValueError", "ulysses: rank 0: " + ulysses.INFERENCE_ONLY),
+    "sparse": ("ValueError", "ulysses: rank {last}: v must be a strided tensor, got torch.sparse_coo"),
 }
 
 
@@ -138,6 +141,7 @@ def test_ranks_that_disagree_all_raise_the_same_error(world, case):
     kind, msg = BAD_INPUTS[case]
     if "{}" in msg:
         msg = msg.format("[" + ", ".join(str(x) for x in _field_values(case, world)) + "]")
+    msg = msg.replace("{last}", str(world - 1))
     assert got == [(r, (kind, msg)) for r in range(world)], got
     assert all(c == 0 for c in codes), codes
 
