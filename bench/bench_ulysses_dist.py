@@ -169,7 +169,8 @@ def overlap_rows(world, device, dtype, rows, heads, dim, causal, iters, priority
     q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype, generator=g) for _ in range(3))
     ql, kl, vl = ulysses.scatter_heads(q, k, v, validate=False)
     attn = ulysses.sdpa(causal)
-    t_x = timed(lambda: ulysses.gather_heads(ulysses.scatter_heads(q, k, v, validate=False)[0]), device, iters)
+    t_x = timed(lambda: ulysses.gather_heads(ulysses.scatter_heads(q, k, v, validate=False)[0], validate=False),
+                device, iters)
 
     def layer(chunks, group=None):
         return lambda: ulysses.ulysses_attention(q, k, v, group, causal=causal, validate=False, chunks=chunks)
@@ -348,8 +349,8 @@ def fp8_rows(world, device, dtype, rows, heads, dim, iters):
             timed(lambda: ulysses._dequantize_into(wire, plain, f8), device, iters),
             timed(lambda: ulysses.scatter_heads(q, k, v, validate=False), device, iters),
             timed(lambda: ulysses.scatter_heads(q, k, v, validate=False, wire_dtype=f8), device, iters),
-            timed(lambda: ulysses.gather_heads(o), device, iters),
-            timed(lambda: ulysses.gather_heads(o, wire_dtype=f8), device, iters),
+            timed(lambda: ulysses.gather_heads(o, validate=False), device, iters),
+            timed(lambda: ulysses.gather_heads(o, wire_dtype=f8, validate=False), device, iters),
             timed(lambda: dist.all_to_all_single(recv16, send16), device, iters),
             timed(lambda: dist.all_to_all_single(recv8, send8), device, iters),
             timed(lambda: recv16.copy_(send16), device, iters))
@@ -506,7 +507,7 @@ def exchange_tables(rank, world, device, dtype, a):
         o = torch.randn(rows_g, heads // world, dim, device=device, dtype=dtype)
         t_in = timed(lambda: ulysses.scatter_heads(q, k, v, validate=False), device)
         t_in_base = timed(lambda: baseline_in(q, k, v, world), device)
-        t_out = timed(lambda: ulysses.gather_heads(o), device)
+        t_out = timed(lambda: ulysses.gather_heads(o, validate=False), device)
         t_out_base = timed(lambda: baseline_out(o, world), device)
         # the local copies alone, no exchange: where the difference comes from
         t_pack = timed(lambda: ulysses._pack(q, k, v, world), device)

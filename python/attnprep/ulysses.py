@@ -111,7 +111,8 @@ def _local_chunks(heads: int, kv: int, world: int, chunks) -> int:
         return _AUTO_FIELD
     if isinstance(chunks, bool) or not isinstance(chunks, int):
         raise TypeError(f"ulysses: chunks must be an int or \"auto\", got {type(chunks).__name__}")
-    _C._check_ulysses_chunks(local_q, local_kv, split, chunks)
+    # an int past int64 fails the check as any count above the heads does
+    _C._check_ulysses_chunks(local_q, local_kv, split, max(-2**62, min(chunks, 2**62)))
     return chunks
 
 
@@ -142,35 +143,49 @@ def _transport_code(transport, q: Tensor, wire_dtype) -> int:
     return _TRANSPORTS[transport]
 
 
-def _describe(q, k, v, world: int, chunks=1, wire_dtype=None, transport="nccl") -> Tensor:
-    info = torch.zeros(len(_FIELDS) + 1 + _MESSAGE_BYTES, dtype=torch.int64)
+def _dtype_code(dtype) -> int:
+    return _DTYPES.index(dtype) + 1 if dtype in _DTYPES else 0
+
+
+def _describe(fields: Tuple[str, ...], local: Callable[[], list]) -> Tensor:
+    """What this rank tells the others: the values of ``fields`` that
+    ``local()`` returns after this rank's local checks, or the verdict of
+    those checks with the message."""
+    n = len(fields)
+    info = torch.zeros(n + 1 + _MESSAGE_BYTES, dtype=torch.int64)
     try:
-        _check_local(q, k, v, world)
-        chunks = _local_chunks(q.shape[1], k.shape[1], world, chunks)
-        wire = _wire_code(wire_dtype, chunks)
-        how = _transport_code(transport, q, wire_dtype)
-        dtype = _DTYPES.index(q.dtype) + 1 if q.dtype in _DTYPES else 0
-        info[: len(_FIELDS)] = torch.tensor([q.shape[0], q.shape[1], k.shape[1], q.shape[2], dtype, chunks, wire,
-                                             how])
+        info[:n] = torch.tensor(local())
     except (ValueError, TypeError) as e:
-        info[len(_FIELDS)] = 1 if isinstance(e, ValueError) else 2
+        info[n] = 1 if isinstance(e, ValueError) else 2
         text = str(e).encode()[:_MESSAGE_BYTES]
-        info[len(_FIELDS) + 1: len(_FIELDS) + 1 + len(text)] = torch.tensor(list(text), dtype=torch.int64)
+        info[n + 1: n + 1 + len(text)] = torch.tensor(list(text), dtype=torch.int64)
     return info
 
 
-def _agree(q, k, v, group, chunks=1, wire_dtype=None, transport="nccl") -> int:
-    """Every rank raises the same error, or none does; returns the chunk
-    count (_AUTO_FIELD for "auto")."""
-    world, _ = _world(group)
+def _shown(field: str, x: int):
+    if field == "dtype":
+        return _DTYPES[x - 1] if x else "another dtype"
+    if field == "wire_dtype":
+        return next(d for d, c in _WIRE.items() if c == x)
+    if field == "transport":
+        return next(t for t, c in _TRANSPORTS.items() if c == x)
+    if field == "chunks" and x == _AUTO_FIELD:
+        return "auto"
+    return x
+
+
+def _agree_on(group, fields: Tuple[str, ...], local: Callable[[], list]) -> list:
+    """Every rank raises the same error, or none does: one all_gather of each
+    rank's _describe; returns the values every rank agreed on. ``fields``
+    starts with "rows"."""
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    mine = _describe(q, k, v, world, chunks, wire_dtype, transport).to(device)
-    every = [torch.empty_like(mine) for _ in range(world)]
+    mine = _describe(fields, local).to(device)
+    every = [torch.empty_like(mine) for _ in range(_world(group)[0])]
     dist.all_gather(every, mine, group=group)
     every = [t.cpu() for t in every]
-    n = len(_FIELDS)
+    n = len(fields)
     for rank, info in enumerate(every):
         verdict = int(info[n])
         if verdict:
@@ -179,20 +194,42 @@ def _agree(q, k, v, group, chunks=1, wire_dtype=None, transport="nccl") -> int:
     rows = [int(t[0]) for t in every]
     if len(set(rows)) != 1:
         raise ValueError(f"ulysses: every rank must hold the same number of rows, got {rows}")
-    for i, field in enumerate(_FIELDS[1:], start=1):
+    for i, field in enumerate(fields[1:], start=1):
         values = [int(t[i]) for t in every]
         if len(set(values)) != 1:
-            if field == "dtype":
-                values = [_DTYPES[x - 1] if x else "another dtype" for x in values]
-            if field == "wire_dtype":
-                values = [next(d for d, c in _WIRE.items() if c == x) for x in values]
-            if field == "transport":
-                values = [next(t for t, c in _TRANSPORTS.items() if c == x) for x in values]
-            if field == "chunks":
-                values = ["auto" if x == _AUTO_FIELD else x for x in values]
-            shown = "[" + ", ".join(str(x) for x in values) + "]"
+            shown = "[" + ", ".join(str(_shown(field, x)) for x in values) + "]"
             raise ValueError(f"ulysses: every rank must pass the same {field}, got {shown}")
-    return int(every[0][_FIELDS.index("chunks")])
+    return [int(x) for x in every[0][:n]]
+
+
+def _agree(q, k, v, group, chunks=1, wire_dtype=None, transport="nccl") -> int:
+    """The layer's and scatter_heads' agreement; returns the chunk count
+    (_AUTO_FIELD for "auto")."""
+    world, _ = _world(group)
+
+    def local():
+        _check_local(q, k, v, world)
+        count = _local_chunks(q.shape[1], k.shape[1], world, chunks)
+        wire = _wire_code(wire_dtype, count)
+        how = _transport_code(transport, q, wire_dtype)
+        return [q.shape[0], q.shape[1], k.shape[1], q.shape[2], _dtype_code(q.dtype), count, wire, how]
+
+    return _agree_on(group, _FIELDS, local)[_FIELDS.index("chunks")]
+
+
+GATHER_SHAPE = "ulysses: out must be [world_size * rows, local_heads, head_dim]"
+# gather_heads' agreement: rows per rank, then the rest of out's geometry
+_GATHER_FIELDS = ("rows", "local heads", "head_dim", "dtype", "wire_dtype")
+
+
+def _gather_local(out, world: int, wire_dtype) -> list:
+    """gather_heads' local checks; returns its _GATHER_FIELDS."""
+    if not isinstance(out, Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.dim() != 3 or out.shape[0] % world != 0:
+        raise ValueError(GATHER_SHAPE)
+    wire = _wire_code(wire_dtype)
+    return [out.shape[0] // world, out.shape[1], out.shape[2], _dtype_code(out.dtype), wire]
 
 
 def _pack_torch(q: Tensor, k: Tensor, v: Tensor, world: int, chunks: int = 1) -> Tensor:
@@ -358,12 +395,18 @@ def scatter_heads(q: Tensor, k: Tensor, v: Tensor, group=None, async_op: bool = 
     return _Pending(work, finish) if async_op else finish()
 
 
-def gather_heads(out: Tensor, group=None, async_op: bool = False, wire_dtype=None):
+def gather_heads(out: Tensor, group=None, async_op: bool = False, wire_dtype=None, validate: bool = True):
     """Output side: ``[W * rows, local_heads, D]`` attention output of this
     rank's heads -> ``[rows, heads, D]`` for the local shard, with one
-    all_to_all_single (fp8 on the wire with ``wire_dtype``) and usp_merge_heads."""
+    all_to_all_single (fp8 on the wire with ``wire_dtype``) and usp_merge_heads.
+    With ``validate`` the ranks first agree on out's geometry, dtype and
+    wire_dtype (one small all_gather), so that a bad ``out`` on any rank
+    makes every rank raise instead of leaving the others in the exchange."""
     world, _ = _world(group)
-    _wire_code(wire_dtype)
+    if validate:
+        _agree_on(group, _GATHER_FIELDS, lambda: _gather_local(out, world, wire_dtype))
+    else:
+        _gather_local(out, world, wire_dtype)
     total, h, dim = out.shape
     rows = total // world
     if wire_dtype is None:
@@ -504,7 +547,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, attn_fn: Opti
     if transport == "nccl" and ((type(chunks) is int and chunks == 1) or (auto and AUTO_CHUNKS == 1)):
         ql, kl, vl = scatter_heads(q, k, v, group, validate=validate, wire_dtype=wire_dtype)
         out = _checked(attn_fn or sdpa(causal))(ql, kl, vl)
-        return gather_heads(out, group, wire_dtype=wire_dtype)
+        return gather_heads(out, group, wire_dtype=wire_dtype, validate=False)  # attn_fn's result is checked
     return _chunked_attention(q, k, v, group, _checked(attn_fn or sdpa(causal)), validate, chunks, wire_dtype,
                               transport)
 

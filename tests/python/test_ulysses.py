@@ -146,6 +146,58 @@ def test_ranks_that_disagree_all_raise_the_same_error(world, case):
     assert all(c == 0 for c in codes), codes
 
 
+def _bad_gather_worker(rank, world, device, case):
+    """gather_heads with a bad out on the last rank: every rank raises the
+    same error, none waits in the exchange."""
+    rows, heads, dim = 3, 2, 8
+    out = torch.randn(world * rows, heads, dim, dtype=torch.float64)
+    if rank == world - 1:
+        out = {"not a tensor": None, "not 3-D": out[0], "rows": out[1:], "heads": out.repeat(1, 2, 1),
+               "head_dim": out[..., :4], "dtype": out.float(), "wire": out}[case]
+    wire = torch.float8_e4m3fn if case == "wire" and rank == world - 1 else None
+    try:
+        ulysses.gather_heads(out, wire_dtype=wire)
+        return "no error"
+    except (ValueError, TypeError) as e:
+        return type(e).__name__, str(e)
+
+
+def _bad_gather(case, world):
+    last = world - 1
+    return {
+        "not a tensor": ("TypeError", f"ulysses: rank {last}: out must be a torch.Tensor, got NoneType"),
+        "not 3-D": ("ValueError", f"ulysses: rank {last}: " + ulysses.GATHER_SHAPE),
+        "rows": ("ValueError", f"ulysses: rank {last}: " + ulysses.GATHER_SHAPE),
+        "heads": ("ValueError", "ulysses: every rank must pass the same local heads, got ["
+                  + ", ".join("4" if r == last else "2" for r in range(world)) + "]"),
+        "head_dim": ("ValueError", "ulysses: every rank must pass the same head_dim, got ["
+                     + ", ".join("4" if r == last else "8" for r in range(world)) + "]"),
+        "dtype": ("ValueError", "ulysses: every rank must pass the same dtype, got ["
+                  + ", ".join("torch.float32" if r == last else "torch.float64" for r in range(world)) + "]"),
+        "wire": ("ValueError", "ulysses: every rank must pass the same wire_dtype, got ["
+                 + ", ".join("torch.float8_e4m3fn" if r == last else "None" for r in range(world)) + "]"),
+    }[case]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("case", ["not a tensor", "not 3-D", "rows", "heads", "head_dim", "dtype", "wire"])
+def test_gather_heads_with_a_bad_out_on_one_rank(world, case):
+    got, codes = spawn_ranks(run_rank, world, "gloo", _bad_gather_worker, case, timeout=120)  # a hang fails here
+    assert got == [(r, _bad_gather(case, world)) for r in range(world)], got
+    assert all(c == 0 for c in codes), codes
+
+
+def test_gather_heads_local_checks_without_validation():
+    with pytest.raises(ValueError) as e:
+        ulysses._gather_local(torch.randn(5, 2, 8), 2, None)
+    assert str(e.value) == ulysses.GATHER_SHAPE
+    with pytest.raises(TypeError) as e:
+        ulysses._gather_local([1], 2, None)
+    assert str(e.value) == "out must be a torch.Tensor, got list"
+    assert ulysses._gather_local(torch.randn(6, 2, 8), 2, None) == [3, 2, 8, ulysses._DTYPES.index(torch.float32) + 1,
+                                                                      0]
+
+
 def test_geometry_errors():
     q = torch.randn(4, 6, 8)
     for k, msg in [(torch.randn(4, 4, 8), "ulysses: kv_heads must divide the q heads, and divide or be a multiple "

@@ -57,8 +57,9 @@ def _worker(rank, world, device):
     # every rank refuses a chunk count that does not divide its heads, or one the others do not share
     q, k, v = (torch.randn(rows, n, dim, dtype=torch.float64, device=device)
                for n in (4 * world, 2 * world, 2 * world))
-    for chunks, msg in [(3, "ulysses: rank 0: ulysses: chunks must be positive and divide each rank's q heads "
-                            "(and its kv heads when they are split)"),
+    refused = ("ulysses: rank 0: ulysses: chunks must be positive and divide each rank's q heads "
+               "(and its kv heads when they are split)")
+    for chunks, msg in [(3, refused), (2**70, refused), (-2**70, refused),  # past int64: the same check
                         (2 if rank == 0 else 1, None)]:
         try:
             ulysses.ulysses_attention(q, k, v, chunks=chunks)
