@@ -65,6 +65,8 @@ def sdpa(causal: bool = False, scale: Optional[float] = None) -> AttnFn:
 
 
 def _world(group) -> Tuple[int, int]:
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"ulysses: group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}")
     return dist.get_world_size(group), dist.get_rank(group)
 
 

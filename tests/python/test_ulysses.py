@@ -187,6 +187,17 @@ def test_gather_heads_with_a_bad_out_on_one_rank(world, case):
     assert all(c == 0 for c in codes), codes
 
 
+def test_group_of_another_type():
+    q = torch.randn(4, 2, 8)
+    for call in (lambda: ulysses.ulysses_attention(q, q, q, group="world"),
+                 lambda: ulysses.scatter_heads(q, q, q, group="world"),
+                 lambda: ulysses.gather_heads(q, group="world"),
+                 lambda: ulysses.UlyssesAttention(group="world")(q, q, q)):
+        with pytest.raises(TypeError) as e:
+            call()
+        assert str(e.value) == "ulysses: group must be a torch.distributed ProcessGroup or None, got str"
+
+
 def test_gather_heads_local_checks_without_validation():
     with pytest.raises(ValueError) as e:
         ulysses._gather_local(torch.randn(5, 2, 8), 2, None)
