@@ -444,9 +444,12 @@ def destination_major_qkv_weight(w_q: Tensor, w_k: Tensor, w_v: Tensor, world_si
     if not (isinstance(head_dim, int) and head_dim > 0
             and all(w.shape[0] % head_dim == 0 for w in (w_q, w_k, w_v))):
         raise ValueError("ulysses: head_dim must be positive and divide the rows of w_q, w_k and w_v")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"ulysses: world_size must be an int, got {type(world_size).__name__}")
     heads, kv = w_q.shape[0] // head_dim, w_k.shape[0] // head_dim
     meta = lambda n: torch.empty(1, n, head_dim, device="meta")  # noqa: E731  (the geometry checks, no data)
-    _check_geometry(meta(heads), meta(kv), meta(w_v.shape[0] // head_dim), world_size)
+    # an int past int64 fails the geometry check as any count above the heads does
+    _check_geometry(meta(heads), meta(kv), meta(w_v.shape[0] // head_dim), max(-2**62, min(world_size, 2**62)))
     biases = (b_q, b_k, b_v)
     if any(b is not None for b in biases) and not all(
             isinstance(b, Tensor) and b.shape == (w.shape[0],) for b, w in zip(biases, (w_q, w_k, w_v))):

@@ -65,6 +65,7 @@ def test_float32_within_rounding():
     (lambda w: (w[0], w[1], w[2], 2, 24), "ulysses: head_dim must be positive and divide the rows of w_q, w_k and w_v"),
     (lambda w: (w[0], w[1], w[2], 2, 0), "ulysses: head_dim must be positive and divide the rows of w_q, w_k and w_v"),
     (lambda w: (w[0], w[1], w[2], 3, 16), "ulysses: world_size must divide the number of q heads"),
+    (lambda w: (w[0], w[1], w[2], 2**70, 16), "ulysses: world_size must divide the number of q heads"),
     (lambda w: (w[0], w[1][:48], w[2][:48], 2, 16),
      "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size"),
     (lambda w: (w[0], w[1], w[2], 2, 16, torch.zeros(128)),
@@ -75,6 +76,14 @@ def test_weight_errors(args, msg):
     with pytest.raises(ValueError) as e:
         ulysses.destination_major_qkv_weight(*args(w))
     assert str(e.value) == msg
+
+
+@pytest.mark.parametrize("world_size", ["2", 2.0, True, None])
+def test_world_size_of_another_type(world_size):
+    w, _ = layer(8, 4)
+    with pytest.raises(TypeError) as e:
+        ulysses.destination_major_qkv_weight(*w, world_size, 16)
+    assert str(e.value) == f"ulysses: world_size must be an int, got {type(world_size).__name__}"
 
 
 def test_x_errors():
