@@ -369,6 +369,28 @@ def test_slots_negative_and_out_of_range(device):
 
 @requires_gpu
 @on_devices
+def test_repeated_slots_leave_other_rows_exact(device):
+    """Two tokens on one slot (docs/contract.md): that row holds, group by
+    group, one of the two tokens' values; every other row is exact."""
+    q, k, v, positions, slots, k_pool, v_pool = make_case(device, 65, 8, 4, 128, torch.bfloat16, pool_size=100)
+    slots[40] = slots[3]
+    shared = int(slots[3])
+    before = (k_pool.clone(), v_pool.clone())
+    k_rot = rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=128, num_qo_heads=8,
+                            num_kv_heads=4, rope_base=10000.0)[1]
+    for pool, was, src in ((k_pool, before[0], k_rot), (v_pool, before[1], v)):
+        want = was.clone()
+        want[slots.long()] = src  # the shared row: token 40's, checked apart below
+        others = torch.ones(pool.shape[0], dtype=torch.bool, device=device)
+        others[shared] = False
+        assert same_bits(pool[others], want[others])
+        groups = pool[shared].reshape(-1, 8).view(torch.int16)  # 16-byte groups of bf16
+        first, second = (src[t].reshape(-1, 8).view(torch.int16) for t in (3, 40))
+        assert bool(((groups == first).all(1) | (groups == second).all(1)).all())
+
+
+@requires_gpu
+@on_devices
 def test_check_slots_raises_before_writing(device):
     q, k, v, positions, slots, k_pool, v_pool = make_case(device, 9, 8, 2, 64, torch.bfloat16, pool_size=20)
     slots[4] = 20
