@@ -104,6 +104,12 @@ AUTO_CHUNKS = 1
 _AUTO_FIELD = 0
 
 
+def _saturated(n: int) -> int:
+    """A count for the C++ checks (int64 arguments): one past int64 fails
+    them as any count above the heads does."""
+    return max(-2**62, min(n, 2**62))
+
+
 def _local_chunks(heads: int, kv: int, world: int, chunks) -> int:
     """The chunk count checked against this rank's heads: a positive int, or
     _AUTO_FIELD for "auto"."""
@@ -113,8 +119,7 @@ def _local_chunks(heads: int, kv: int, world: int, chunks) -> int:
         return _AUTO_FIELD
     if isinstance(chunks, bool) or not isinstance(chunks, int):
         raise TypeError(f"ulysses: chunks must be an int or \"auto\", got {type(chunks).__name__}")
-    # an int past int64 fails the check as any count above the heads does
-    _C._check_ulysses_chunks(local_q, local_kv, split, max(-2**62, min(chunks, 2**62)))
+    _C._check_ulysses_chunks(local_q, local_kv, split, _saturated(chunks))
     return chunks
 
 
@@ -448,8 +453,7 @@ def destination_major_qkv_weight(w_q: Tensor, w_k: Tensor, w_v: Tensor, world_si
         raise TypeError(f"ulysses: world_size must be an int, got {type(world_size).__name__}")
     heads, kv = w_q.shape[0] // head_dim, w_k.shape[0] // head_dim
     meta = lambda n: torch.empty(1, n, head_dim, device="meta")  # noqa: E731  (the geometry checks, no data)
-    # an int past int64 fails the geometry check as any count above the heads does
-    _check_geometry(meta(heads), meta(kv), meta(w_v.shape[0] // head_dim), max(-2**62, min(world_size, 2**62)))
+    _check_geometry(meta(heads), meta(kv), meta(w_v.shape[0] // head_dim), _saturated(world_size))
     biases = (b_q, b_k, b_v)
     if any(b is not None for b in biases) and not all(
             isinstance(b, Tensor) and b.shape == (w.shape[0],) for b, w in zip(biases, (w_q, w_k, w_v))):
