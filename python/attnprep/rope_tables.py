@@ -194,6 +194,10 @@ def rope_cos_sin_cache(head_dim: int, max_position: int, base: float, *, rotary_
     ``max_position_embeddings`` is the model's context length (needed by
     ``dynamic``, and by ``yarn``/``longrope`` without a ``factor``).
     """
+    for name, value in (("head_dim", head_dim), ("max_position", max_position), ("rotary_dim", rotary_dim),
+                        ("seq_len", seq_len)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"rope_cos_sin_cache: {name} must be an int, got {type(value).__name__}")
     if max_position <= 0:
         raise ValueError(f"rope_cos_sin_cache: max_position must be positive, got {max_position}")
     if dtype not in (torch.float32, torch.bfloat16):

@@ -122,6 +122,21 @@ def test_values_the_formulas_cannot_take(base, kwargs, msg):
     assert str(e.value) == msg
 
 
+@pytest.mark.parametrize("kwargs, name, kind", [
+    (dict(head_dim=128.0), "head_dim", "float"),
+    (dict(max_position=16.5), "max_position", "float"),
+    (dict(max_position=True), "max_position", "bool"),
+    (dict(rotary_dim="64"), "rotary_dim", "str"),
+    (dict(seq_len=2.0), "seq_len", "float"),
+])
+def test_int_arguments_of_another_type(kwargs, name, kind):
+    args = dict(head_dim=128, max_position=16, base=10000.0)
+    args.update(kwargs)
+    with pytest.raises(TypeError) as e:
+        attnprep.rope_cos_sin_cache(args.pop("head_dim"), args.pop("max_position"), args.pop("base"), **args)
+    assert str(e.value) == f"rope_cos_sin_cache: {name} must be an int, got {kind}"
+
+
 def test_zero_means_the_default_where_the_model_reads_it_so():
     """yarn's beta_fast, beta_slow, mscale and mscale_all_dim: 0 is the
     default (the model's code reads them with ``or``), not an error."""
