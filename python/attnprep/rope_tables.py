@@ -10,6 +10,7 @@ transformers' own rotary embedding modules.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
 from numbers import Real
 from typing import Optional, Tuple
@@ -181,6 +182,16 @@ def rope_inv_freq(head_dim: int, base: float, *, rotary_dim: Optional[int] = Non
     return _longrope(cfg, base, dim, seq_len, max_position_embeddings)
 
 
+def _int(name: str, value):
+    """An int argument (None where optional), as the ops take one: anything
+    with ``__index__`` (numpy's ints too), not a bool or a float."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"rope_cos_sin_cache: {name} must be an int, got {type(value).__name__}")
+    return operator.index(value)
+
+
 def rope_cos_sin_cache(head_dim: int, max_position: int, base: float, *, rotary_dim: Optional[int] = None,
                        scaling: Optional[dict] = None, max_position_embeddings: Optional[int] = None,
                        seq_len: Optional[int] = None, dtype: torch.dtype = torch.float32,
@@ -194,10 +205,9 @@ def rope_cos_sin_cache(head_dim: int, max_position: int, base: float, *, rotary_
     ``max_position_embeddings`` is the model's context length (needed by
     ``dynamic``, and by ``yarn``/``longrope`` without a ``factor``).
     """
-    for name, value in (("head_dim", head_dim), ("max_position", max_position), ("rotary_dim", rotary_dim),
-                        ("seq_len", seq_len)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise TypeError(f"rope_cos_sin_cache: {name} must be an int, got {type(value).__name__}")
+    head_dim, max_position, rotary_dim, seq_len = (
+        _int(name, value) for name, value in (("head_dim", head_dim), ("max_position", max_position),
+                                              ("rotary_dim", rotary_dim), ("seq_len", seq_len)))
     if max_position <= 0:
         raise ValueError(f"rope_cos_sin_cache: max_position must be positive, got {max_position}")
     if dtype not in (torch.float32, torch.bfloat16):
