@@ -181,10 +181,19 @@ def _shown(field: str, x: int):
     return x
 
 
+VALIDATE_IN_CAPTURE = ("ulysses: validate=True cannot run inside CUDA-graph capture (the ranks agree through a "
+                       "collective whose result the host reads); make one call with validate=True before capturing "
+                       "and pass validate=False inside the capture")
+
+
 def _agree_on(group, fields: Tuple[str, ...], local: Callable[[], list]) -> list:
     """Every rank raises the same error, or none does: one all_gather of each
     rank's _describe; returns the values every rank agreed on. ``fields``
     starts with "rows"."""
+    # before the collective: inside a capture it would be recorded, not run,
+    # and reading its result would invalidate the capture with a CUDA error
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise ValueError(VALIDATE_IN_CAPTURE)
     device = torch.device("cpu")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())

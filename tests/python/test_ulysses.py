@@ -244,6 +244,32 @@ def test_cpu_pack_matches_reference(heads, kv, world):
 
 
 @requires_cuda
+def test_validation_inside_a_capture_is_refused_before_any_collective():
+    if not dist.is_nccl_available():
+        pytest.skip("no NCCL")
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", torch.cuda.current_device()))
+    try:
+        q = torch.randn(16, 4, 64, device="cuda", dtype=torch.bfloat16)
+        ulysses.ulysses_attention(q, q, q)  # warm-up outside the capture
+        for call in (lambda: ulysses.ulysses_attention(q, q, q), lambda: ulysses.scatter_heads(q, q, q),
+                     lambda: ulysses.gather_heads(q)):
+            graph = torch.cuda.CUDAGraph()
+            with pytest.raises(ValueError) as e:
+                with torch.cuda.graph(graph):
+                    call()
+            assert str(e.value) == ulysses.VALIDATE_IN_CAPTURE
+        # the context is healthy and the layer captures with validate=False
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ulysses.ulysses_attention(q, q, q, validate=False)
+        graph.replay()
+        assert torch.equal(out, ulysses.ulysses_attention(q, q, q))
+    finally:
+        dist.destroy_process_group()
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("heads,kv", [(8, 8), (8, 2), (8, 1)])
 def test_nccl_world_of_one(heads, kv, dtype):
