@@ -428,28 +428,23 @@ __device__ __forceinline__ void row_norm_weights(const RopePoolParams& p, const 
   }
 }
 
-// kNormRoundThenWeight with 2-byte weights in T, read straight from the
-// weight tensor as row_norm_weights reads them: T(float32(T(x inv)) * w) is
+// kNormRoundThenWeight with 2-byte weights in T, `w` the group's weights as
+// loaded from the weight tensor: T(float32(T(x inv)) * w) is
 // the product of two T values rounded once to T (their float32 product is
 // exact, or for bfloat16 below float32's normal range so small that both
 // roundings give zero), which one paired T multiply computes. The weights
 // then stay as loaded: a multiply per pair instead of unpacking the weight
 // and the rounded value, two float32 multiplies and a repack.
 template <typename T, int N>
-__device__ __forceinline__ void normalize_round_then_t_weight(Group<T, N>& g, const T* w, float inv) {
-  static_assert(sizeof(T) == 2 && N % 8 == 0, "16-byte reads of 2-byte weights");
+__device__ __forceinline__ void normalize_round_then_t_weight(Group<T, N>& g, const Group<T, N>& w, float inv) {
+  static_assert(sizeof(T) == 2 && N % 2 == 0, "pairs of 2-byte weights");
   using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
 #pragma unroll
-  for (int i = 0; i < N; i += 8) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(w + i));
-    const uint32_t word[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 x = g.get2(i / 2 + j);
-      g.set2(i / 2 + j, __fmul_rn(x.x, inv), __fmul_rn(x.y, inv));
-      Pair& pair = *reinterpret_cast<Pair*>(g.e + i + 2 * j);
-      pair = __hmul2_rn(pair, *reinterpret_cast<const Pair*>(&word[j]));
-    }
+  for (int j = 0; j < N / 2; ++j) {
+    const float2 x = g.get2(j);
+    g.set2(j, __fmul_rn(x.x, inv), __fmul_rn(x.y, inv));
+    Pair& pair = *reinterpret_cast<Pair*>(g.e + 2 * j);
+    pair = __hmul2_rn(pair, *reinterpret_cast<const Pair*>(w.e + 2 * j));
   }
 }
 

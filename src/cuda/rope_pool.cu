@@ -41,6 +41,8 @@ struct Item {
   T* dst = nullptr;   // q_rot/k_rot; null for v and for in-place pass-through
   int lo_off = 0, hi_off = 0, freq = 0;
   Group<T, W> lo, hi;
+  // kRowCs with the QK norm: the item's 2-byte weights (pair_weights)
+  Group<T, W> w_lo, w_hi;
 
   // q or k head `qk_head` of token t (q heads first): the head within q or
   // k, and where its items read and write.
@@ -136,6 +138,26 @@ struct Item {
     lo.load(src + lo_off);
     if (has_hi()) hi.load(src + hi_off);
   }
+  // Whether finish normalizes this item with 2-byte weights and the
+  // Llama/Qwen3 rounding as one paired multiply (kRowCs only).
+  template <int kNorm>
+  __device__ __forceinline__ bool pair_weights(const RopePoolParams& p) const {
+    if constexpr (kNorm == kNormRoundThenWeight && sizeof(T) == 2)
+      return !is_v && (is_q ? p.norm_q && !p.q_norm_f32 : p.norm_k && !p.k_norm_f32);
+    return false;
+  }
+  // Those weights into w_lo / w_hi: with the item's loads where a block
+  // walks several rounds (read in finish, after the sum's butterfly, their
+  // round trip would come between the data and the rotation), in finish
+  // where it serves one (there the registers held across the loads would
+  // spill under the one-round occupancy target, and replay was slower).
+  template <int kNorm>
+  __device__ __forceinline__ void load_weights(const RopePoolParams& p, const RopePoolPointers& ptr) {
+    if (!pair_weights<kNorm>(p)) return;
+    const T* wt = static_cast<const T*>(is_q ? ptr.q_norm_weight : ptr.k_norm_weight);
+    w_lo.load(wt + lo_off);
+    w_hi.load(wt + hi_off);
+  }
   // fp8 pools: the dequantization scale of the item's pool row, read right
   // after its loads so that the round trip overlaps theirs (read where the
   // row is written, it would add a second round trip before every store).
@@ -173,7 +195,7 @@ struct Item {
   // token's cos_sin_cache row (row_cos_sin), else from the block's table
   // `cs`. Groups of W > 1 elements (W even) compute on pairs
   // (Group::get2/set2).
-  template <bool kFp8, int kNorm, bool kRowCs>
+  template <bool kFp8, int kNorm, bool kRowCs, bool kEarlyWeights>
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr,
                                          const core::RopeCudaIndex& ix, const float2* cs, int64_t pos, bool pos_ok,
                                          int64_t slot, bool write_pool, const float* w, float inv, float scale) {
@@ -182,12 +204,11 @@ struct Item {
       if (!is_v && (is_q ? p.norm_q : p.norm_k)) {
         if constexpr (kRowCs) {  // the weights straight from their tensor, as the cos/sin
           // 2-byte weights with the Llama/Qwen3 rounding: one paired multiply
-          constexpr bool kPairs = kNorm == kNormRoundThenWeight && sizeof(T) == 2;
-          if (kPairs && !(is_q ? p.q_norm_f32 : p.k_norm_f32)) {
-            if constexpr (kPairs) {
-              const T* wt = static_cast<const T*>(is_q ? ptr.q_norm_weight : ptr.k_norm_weight);
-              normalize_round_then_t_weight(lo, wt + lo_off, inv);
-              normalize_round_then_t_weight(hi, wt + hi_off, inv);
+          if (pair_weights<kNorm>(p)) {
+            if constexpr (!kEarlyWeights) load_weights<kNorm>(p, ptr);
+            if constexpr (kNorm == kNormRoundThenWeight && sizeof(T) == 2) {
+              normalize_round_then_t_weight(lo, w_lo, inv);
+              normalize_round_then_t_weight(hi, w_hi, inv);
             }
           } else {
             float wv[W];
@@ -315,6 +336,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // so they overlap that work and the round trip for the position. (Two
   // items in flight need more registers than the occupancy target allows.)
   Item<T, W, kNeoxFull> it;
+  constexpr bool kEarlyWeights = kRowCs && kNorm != kNoNorm && kAhead > 0;  // Item::load_weights
   int item = slice * per_block + threadIdx.x;
   if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
   const float first_inv_freq =
@@ -330,6 +352,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   float scale = 1.f;
   if (item < end) {
     it.load();
+    if constexpr (kEarlyWeights) it.template load_weights<kNorm>(p, ptr);
     scale = it.template pool_scale_of<kFp8>(p, ptr);
     // Blocks of several rounds only: in one-round blocks (small calls) it
     // made graph replay slower, where the rows are in L2 already.
@@ -356,15 +379,16 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
       // until none of its lanes has an item
       if (!__any_sync(0xffffffffu, active)) break;
       inv = it.head_norm_factor(p, lanes, inv_head_dim, active);
-      if (active) it.template finish<kFp8, kNorm, kRowCs>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale);
+      if (active) it.template finish<kFp8, kNorm, kRowCs, kEarlyWeights>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale);
     } else {
       if (!active) break;
-      it.template finish<kFp8, kNorm, kRowCs>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale);
+      it.template finish<kFp8, kNorm, kRowCs, kEarlyWeights>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale);
     }
     item += blockDim.x;
     if (item < end) {
       it.locate(p, ptr, ix, t, item, n_qk);
       it.load();
+      if constexpr (kEarlyWeights) it.template load_weights<kNorm>(p, ptr);
       scale = it.template pool_scale_of<kFp8>(p, ptr);
       if constexpr (kAhead > 0) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
     }
