@@ -206,15 +206,19 @@ def check_qk_norm():
     32), every tensor ending where its allocation ends, paged and fp8 pools,
     inplace, the one-element path; the warp's shared rows under racecheck;
     with a cos_sin_cache (each ending where its allocation ends) the path
-    that reads cos/sin and weights straight from their rows."""
+    that reads cos/sin and weights straight from their rows, in blocks of one
+    round and (16/4 heads: 192 items a token) of several, where the 2-byte
+    weights are loaded with the item's data."""
     from attnprep.testing import rms_norm_reference
-    for dtype, dim, T, neox, layout, with_cache in [
-            (torch.bfloat16, 128, 17, True, "flat", False), (torch.bfloat16, 128, 1100, False, "NHD", False),
-            (torch.float32, 80, 33, True, "HND", False), (torch.float16, 2, 5, True, "flat", False),
-            (torch.bfloat16, 512, 9, True, "flat", False), (torch.float32, 64, 3, False, "flat", False),
-            (torch.bfloat16, 128, 1100, True, "NHD", True), (torch.float32, 80, 33, True, "HND", True),
-            (torch.bfloat16, 512, 9, True, "flat", True)]:
-        hq, hkv = 6, 2
+    for dtype, dim, T, neox, layout, with_cache, (hq, hkv) in [
+            (torch.bfloat16, 128, 17, True, "flat", False, (6, 2)),
+            (torch.bfloat16, 128, 1100, False, "NHD", False, (6, 2)),
+            (torch.float32, 80, 33, True, "HND", False, (6, 2)), (torch.float16, 2, 5, True, "flat", False, (6, 2)),
+            (torch.bfloat16, 512, 9, True, "flat", False, (6, 2)),
+            (torch.float32, 64, 3, False, "flat", False, (6, 2)),
+            (torch.bfloat16, 128, 1100, True, "NHD", True, (6, 2)),
+            (torch.bfloat16, 128, 1100, True, "flat", True, (16, 4)),
+            (torch.float32, 80, 33, True, "HND", True, (6, 2)), (torch.bfloat16, 512, 9, True, "flat", True, (6, 2))]:
         q, k, v = (at_end((T, n, dim), dtype) for n in (hq, hkv, hkv))
         wq, wk = at_end((dim,), torch.float32), at_end((dim,), dtype)
         positions = at_end((T,), torch.int64, fill=False)
