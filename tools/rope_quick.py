@@ -1,6 +1,6 @@
 """rope_pool_fused alone, for A/B runs (tools/gpu_ab.sh): kernel time, % of a
-copy of the same bytes and CUDA-graph replay per call, for RoPE alone, the QK
-norm (32/8 and 64/8 heads) and fp8 pages, at T = 1 ... 8192 (bf16, head_dim
+copy of the same bytes and CUDA-graph replay per call, for RoPE alone and the
+QK norm (32/8 and 64/8 heads) and fp8 pages, at T = 1 ... 8192 (bf16, head_dim
 128), with cos/sin from rope_base and from a float32 cos_sin_cache. No peers:
 bench/bench_rope_pool.py makes the tables."""
 
@@ -12,7 +12,8 @@ import attnprep
 from attnprep import _bench as common
 
 D, POOL = 128, 1 << 20
-CASES = [("rope", 32, False, False), ("norm", 32, False, True), ("norm64", 64, False, True), ("fp8", 32, True, False)]
+CASES = [("rope", 32, False, False), ("rope64", 64, False, False), ("norm", 32, False, True), ("norm64", 64, False, True),
+         ("fp8", 32, True, False)]
 MAXPOS = 131072
 
 
