@@ -332,6 +332,19 @@ def test_cos_sin_cache_and_eps(T, hq, hkv, cache_dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("T, hq, hkv", [(1100, 32, 8), (1100, 24, 8), (1300, 64, 8)])  # 3, 3 (last partial), 5 rounds
+@pytest.mark.parametrize("sides", ["both", "q", "k"])
+def test_cache_rows_with_weights_in_q_dtype_over_several_rounds(dtype, T, hq, hkv, sides):
+    """Whole tokens of several rounds on the cache-row path, weights in q's
+    dtype with the Qwen3 rounding: there each item's weights are loaded with
+    its data, q's and k's (distinct here) by the item's side."""
+    q, k, v, positions, slots, wq, wk = case(T, hq, hkv, 128, dtype, seed=T + hq, w_dtype=dtype)
+    cache = attnprep.rope_cos_sin_cache(128, 1 << 16, 1e4, device="cuda")
+    run(q, k, v, positions, slots, wq if sides != "k" else None, wk if sides != "q" else None, cache=cache)
+
+
+@requires_cuda
 @pytest.mark.parametrize("layout, page_size", [("NHD", 16), ("HND", 64)])
 @pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
 def test_paged_and_fp8_pools(layout, page_size, pool_dtype):
