@@ -4,9 +4,10 @@
 # device notes). Clocks are left alone (--clock-control none). Writes
 # $OUT/ncu_<name>.ncu-rep, a details page and the per-instruction (SASS)
 # source page with stall samples, and prints the headline metrics.
-#   tools/gpu_profile.sh rope:8 rope:8192 norm:8192 norm:128,64 fp8:2048 pack:32768,24,128,8
+#   tools/gpu_profile.sh rope:8 rope:8192 norm:8192 normc:128,64 fp8:2048 pack:32768,24,128,8
 # rope/norm/fp8 take T[,q heads] (8 kv heads, head_dim 128, bf16; fp8: a
-# float8_e4m3fn NHD pool of 16-token pages, per-tensor scales).
+# float8_e4m3fn NHD pool of 16-token pages, per-tensor scales); ropec, normc
+# and fp8c the same with cos/sin from a float32 cos_sin_cache (the row path).
 # TAG=name prefixes the output files (one set per build variant).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,9 @@ NCU=${NCU:-ncu}
 for spec in "$@"; do
   op=${spec%%:*}
   arg=${spec#*:}
-  name="${TAG:+${TAG}_}${op}_$(echo "$arg" | tr ',' '_')"
+  cache_kw=""
+  case $op in ropec | normc | fp8c) op=${op%c}; cache_kw=", cos_sin_cache=cache" ;; esac
+  name="${TAG:+${TAG}_}${op}${cache_kw:+c}_$(echo "$arg" | tr ',' '_')"
   case $op in
     rope | norm | fp8)  # norm: with the QK norm (q and k weights); fp8: into fp8 pages
       kernel=rope_pool_kernel
@@ -38,9 +41,10 @@ kp = torch.zeros($pool_shape, device='cuda', dtype=torch.$pool_dtype)
 vp = torch.zeros_like(kp)
 wq, wk = (torch.rand(128, device='cuda', dtype=torch.bfloat16) + 0.5 for _ in range(2))
 ks = torch.tensor(0.5, device='cuda')
+cache = attnprep.rope_cos_sin_cache(128, 131072, 1e4, device='cuda')
 for _ in range(3):
     attnprep.rope_pool_fused(q, k, v, pos, slots, kp, vp, head_dim=128, num_qo_heads=HQ, num_kv_heads=8,
-                             rope_base=1e4$extra_kw)
+                             rope_base=1e4$extra_kw$cache_kw)
 torch.cuda.synchronize()" ;;
     pack)
       kernel=strided_copy_kernel
