@@ -85,16 +85,17 @@ bool plan_pack_flat(const PackQkvShape& s, const TensorArg& q, const TensorArg& 
   const TensorArg* src[3] = {&q, &k, &v};
   for (int j = 0; j < 3; ++j) {
     const TensorArg& t = *src[j];
-    p.src[j] = static_cast<const unsigned char*>(t.data);
-    p.row_stride[j] = t.stride(0) * es;
-    p.head_stride[j] = t.stride(1) * es;
-    if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || p.row_stride[j] % 16 != 0 || p.head_stride[j] % 16 != 0)
+    const int64_t row_stride = t.stride(0) * es, head_stride = t.stride(1) * es;
+    const auto fits = [](int64_t x) { return x >= INT32_MIN && x <= INT32_MAX; };
+    if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || row_stride % 16 != 0 || head_stride % 16 != 0 ||
+        !fits(row_stride) || !fits(head_stride))
       return false;
+    p.src[j] = static_cast<const unsigned char*>(t.data);
+    p.row_stride[j] = static_cast<int32_t>(row_stride);
+    p.head_stride[j] = static_cast<int32_t>(head_stride);
   }
   p.out = static_cast<unsigned char*>(out.data);
-  p.total = total;
-  p.local_heads = static_cast<int32_t>(s.local_heads);
-  p.rows = static_cast<int32_t>(s.rows);
+  p.total = static_cast<int32_t>(total);  // under small_below
   p.by_row3 = FastDivmod(static_cast<uint32_t>(3 * row_bytes / 16));
   p.by_seg = FastDivmod(static_cast<uint32_t>(row_bytes / 16));
   p.by_local = FastDivmod(static_cast<uint32_t>(s.local_heads));

@@ -35,15 +35,21 @@ StridedCopyPlan plan_pack_qkv(const PackQkvShape& shape, const TensorArg& q, con
 // (q, k or v) of output row i / (3 * seg). One pass in output order, one
 // vector per thread: a call alone costs less than the engine's three jobs
 // over a 4-D index (docs/performance-notes.md, copy engine).
+// 112 bytes: the kernel's parameters on two 64-byte lines of the parameter
+// bank (which starts 16 bytes into a line and is cold at each launch). The
+// divisors fill the first line, the count (read at entry, with them) opens
+// the second, so both lines are asked for at once; the reads indexed by
+// q/k/v that follow the divisions then hit the second line, instead of
+// waiting for a line of their own.
 struct PackFlatPlan {
-  const unsigned char* src[3];
-  int64_t row_stride[3];   // bytes between token rows of q, k, v
-  int64_t head_stride[3];  // bytes between heads of q, k, v
-  unsigned char* out;
-  int64_t total;           // 16-byte vectors in the output
-  int32_t local_heads, rows;
   FastDivmod by_row3, by_seg, by_local, by_rows;  // 3 * seg, seg, local heads, rows
+  int32_t row_stride[3];   // bytes between token rows of q, k, v (plan_pack_flat: within int32)
+  int32_t head_stride[3];  // bytes between heads of q, k, v
+  int32_t total;           // 16-byte vectors in the output
+  const unsigned char* src[3];
+  unsigned char* out;
 };
+static_assert(sizeof(PackFlatPlan) == 112, "two lines of the parameter bank");
 // False when the pack does not qualify (then plan_pack_qkv's engine runs).
 bool plan_pack_flat(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k, const TensorArg& v,
                     const TensorArg& out, PackFlatPlan& plan);
@@ -59,7 +65,7 @@ ATTNPREP_HD void pack_flat_source(const PackFlatPlan& p, uint32_t i, int& which,
   const uint32_t d = p.by_rows.div(t);
   const uint32_t r = t - d * p.by_rows.divisor;
   which = static_cast<int>(seg);
-  from = int64_t{r} * p.row_stride[which] + (int64_t{d} * p.local_heads + h) * p.head_stride[which] +
+  from = int64_t{r} * p.row_stride[which] + (int64_t{d} * p.by_local.divisor + h) * p.head_stride[which] +
          int64_t{e} * 16;
 }
 

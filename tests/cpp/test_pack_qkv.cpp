@@ -184,6 +184,13 @@ TEST_CASE("the small path in output order: small packs of 16-byte rows only") {
   auto q72 = make({4, 8, 36});  // 72-byte rows
   auto out72 = make({2, 4, 4, 108});
   CHECK(!plan_pack_flat(check_pack_qkv_inputs(q72, q72, q72, 2), q72, q72, q72, out72, flat));
+  // strides past int32 bytes (rows of a view 2 GiB apart) take the engine
+  auto far = q;
+  far.strides[0] = (int64_t{1} << 30) + 1024;  // bf16 elements: 2^31 + 2048 bytes
+  CHECK(!plan_pack_flat(check_pack_qkv_inputs(far, q, q, 8), far, q, q, out, flat));
+  far.strides[0] = (int64_t{1} << 30) - 1024;  // just within
+  CHECK(plan_pack_flat(check_pack_qkv_inputs(far, q, q, 8), far, q, q, out, flat));
+  CHECK_EQ(flat.row_stride[0], int32_t{INT32_MAX - 2047});
   // as large as the engine's small path and no larger
   const int64_t rows = CopyCudaPolicy::small_below / (3 * 8 * 16) + 1;  // 8 destinations, 3 segments of 16 vectors
   auto big = make({rows, 8, 128});
