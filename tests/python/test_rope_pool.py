@@ -520,6 +520,43 @@ def test_positions_outside_the_cache_are_never_read(device):
 
 @requires_gpu
 @on_devices
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("T", [8, 2048])  # one round per block; several rounds
+@pytest.mark.parametrize("norm", [False, True], ids=["rope", "qk_norm"])
+def test_positions_outside_the_cache_on_the_cache_row_path(device, dtype, cache_dtype, T, norm):
+    # head_dim 128 with 16-byte groups: the path that reads each item's cos/sin
+    # from the token's cache row. A token whose position is outside the cache
+    # gets NaN q_rot/k_rot rows and no pool write; every other token's outputs
+    # and pool rows are exactly those of a call where all positions are valid.
+    D, hq, hkv = 128, 8, 2
+    cache = llama3_cos_sin_cache(D, 100).to(device=device, dtype=cache_dtype)
+    q, k, v, positions, slots, k_pool, v_pool = make_case(device, T, hq, hkv, D, dtype, max_pos=100)
+    bad = torch.zeros(T, dtype=torch.bool, device=device)
+    bad[2::3] = True  # positions 100 and -1 in turn
+    outside = torch.where(torch.arange(T, device=device) % 2 == 0, 100, -1).to(positions.dtype)
+    kw = dict(head_dim=D, num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e4, cos_sin_cache=cache)
+    if norm:
+        g = torch.Generator().manual_seed(1)
+        kw.update(q_norm_weight=torch.randn(D, generator=g).to(dtype).to(device),
+                  k_norm_weight=torch.randn(D, generator=g).to(dtype).to(device))
+    pools_before = (k_pool.clone(), v_pool.clone())
+    valid = rope_pool_fused(q, k, v, positions, slots, k_pool.clone(), v_pool.clone(), **kw)
+    got = rope_pool_fused(q, k, v, torch.where(bad, outside, positions), slots, k_pool, v_pool, **kw)
+    for out, want in zip(got[:2], valid[:2]):  # q_rot, k_rot
+        assert torch.isnan(out[bad]).all() and not torch.isnan(out[~bad]).any()
+        assert same_bits(out[~bad], want[~bad])
+    sl = slots.long()
+    for pool, before, want in zip(got[2:], pools_before, valid[2:]):
+        assert same_bits(pool[sl[bad]], before[sl[bad]])  # no write for those tokens
+        assert same_bits(pool[sl[~bad]], want[sl[~bad]])
+        untouched = torch.ones(pool.shape[0], dtype=torch.bool, device=device)
+        untouched[sl] = False
+        assert same_bits(pool[untouched], before[untouched])
+
+
+@requires_gpu
+@on_devices
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize("T", [33, 2048])
 def test_inplace(device, is_neox, T):
