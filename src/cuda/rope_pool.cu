@@ -334,7 +334,7 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // the parameter block with its 1 KB inv_freq table last, so that the fields
 // every block reads share the first cache lines of the parameter bank, which
 // is cold at each launch.
-template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs>
+template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs, bool kStaged = false>
 __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_blocks_per_sm
                                            : kAhead == 0 && !kFp8 ? Policy::norm_one_round_min_blocks_per_sm
                                                                   : Policy::norm_min_blocks_per_sm)
@@ -342,9 +342,10 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
                      const __grid_constant__ RopePoolParams p) {
   __shared__ float2 cs[kRowCs ? 1 : ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
   __shared__ __align__(16) float norm_w[kNorm != kNoNorm && !kRowCs ? 2 * kNormWeightsK : 4];
-  // One-round row-path blocks with the QK norm: each thread's weights and
-  // cos/sin, copied asynchronously (Item::stage), six 16-byte slots.
-  constexpr bool kStaged = kRowCs && kAhead == 0 && kNorm != kNoNorm;
+  // kStaged (one-round row-path blocks with the QK norm, small calls): each
+  // thread's weights and cos/sin, copied asynchronously (Item::stage), in six
+  // 16-byte slots.
+  static_assert(!kStaged || (kRowCs && kAhead == 0 && kNorm != kNoNorm), "staging is for one-round norm row blocks");
   __shared__ uint4 stage_slots[kStaged ? 6 : 1][kStaged ? kThreads : 1];
   uint4* const slots = &stage_slots[0][kStaged ? threadIdx.x : 0];
   const int64_t t = blockIdx.x;
@@ -448,6 +449,12 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
       return round_first
                  ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
                  : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);
+    if constexpr (kR) {
+      if (core::rope_norm_stage(static_cast<int64_t>(grid.x) * grid.y, multiprocessors_on_current_device()))
+        return round_first
+                   ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR, true>, grid, block, stream, ptrs, ix, p)
+                   : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR, true>, grid, block, stream, ptrs, ix, p);
+    }
     return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
                        : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);
   }
