@@ -20,7 +20,11 @@ MAXPOS = 131072
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cos-sin", choices=["rope_base", "cache", "both"], default="both", help="where cos/sin come from")
+    ap.add_argument("--tokens", default="1,128,512,2048,8192", help="comma-separated token counts")
+    ap.add_argument("--cases", default=",".join(c[0] for c in CASES), help="comma-separated cases to run")
     a = ap.parse_args()
+    token_counts = [int(x) for x in a.tokens.split(",")]
+    cases = [c for c in CASES if c[0] in a.cases.split(",")]
     sources = {"rope_base": (False,), "cache": (True,), "both": (False, True)}[a.cos_sin]
     g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -33,7 +37,7 @@ def main():
 
     rows = []
     table = attnprep.rope_cos_sin_cache(D, MAXPOS, 1e4, device="cuda")
-    for (name, hq, fp8, norm), cache in [(c, x) for x in sources for c in CASES]:
+    for (name, hq, fp8, norm), cache in [(c, x) for x in sources for c in cases]:
         hkv = 8
         if fp8:
             k_pool = torch.zeros(POOL // 16, 16, hkv, D, device="cuda", dtype=torch.float8_e4m3fn)
@@ -50,7 +54,7 @@ def main():
             kw["cos_sin_cache"] = table
             name += "+cache"
         pool_bytes = 1 if fp8 else 2
-        for T in [1, 128, 512, 2048, 8192]:
+        for T in token_counts:
             nbytes = T * ((hq + 2 * hkv) * D * 2 + 16) + T * (hq + hkv) * D * 2 + T * 2 * hkv * D * pool_bytes
             sets = [inputs(T, hq, hkv) for _ in range(common.sets_needed(nbytes))]
             t = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets], 50)

@@ -207,8 +207,9 @@ def check_qk_norm():
     inplace, the one-element path; the warp's shared rows under racecheck;
     with a cos_sin_cache (each ending where its allocation ends) the path
     that reads cos/sin and weights straight from their rows, in blocks of one
-    round and (16/4 heads: 192 items a token) of several, where the 2-byte
-    weights are loaded with the item's data."""
+    round (small calls: k's 2-byte weights and the cos/sin copied into shared
+    memory, flat and fp8 pools) and (16/4 heads: 192 items a token) of
+    several, where the 2-byte weights are loaded with the item's data."""
     from attnprep.testing import rms_norm_reference
     for dtype, dim, T, neox, layout, with_cache, (hq, hkv) in [
             (torch.bfloat16, 128, 17, True, "flat", False, (6, 2)),
@@ -218,7 +219,8 @@ def check_qk_norm():
             (torch.float32, 64, 3, False, "flat", False, (6, 2)),
             (torch.bfloat16, 128, 1100, True, "NHD", True, (6, 2)),
             (torch.bfloat16, 128, 1100, True, "flat", True, (16, 4)),
-            (torch.float32, 80, 33, True, "HND", True, (6, 2)), (torch.bfloat16, 512, 9, True, "flat", True, (6, 2))]:
+            (torch.float32, 80, 33, True, "HND", True, (6, 2)), (torch.bfloat16, 512, 9, True, "flat", True, (6, 2)),
+            (torch.bfloat16, 128, 17, True, "flat", True, (8, 2)), (torch.bfloat16, 128, 17, True, "NHD", True, (8, 2))]:
         q, k, v = (at_end((T, n, dim), dtype) for n in (hq, hkv, hkv))
         wq, wk = at_end((dim,), torch.float32), at_end((dim,), dtype)
         positions = at_end((T,), torch.int64, fill=False)

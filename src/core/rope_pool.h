@@ -121,10 +121,25 @@ struct RopeCudaPolicy {
   // registers cost it (with several rounds per block they cost more; fp8
   // pools would spill 12-16 bytes).
   static constexpr int32_t norm_one_round_min_blocks_per_sm = 10;
+  // ... and in calls of at most this many one-round blocks per
+  // multiprocessor, those blocks on the cos_sin_cache row path copy each
+  // thread's norm weights and cos/sin into shared memory asynchronously
+  // (cp.async) as soon as their addresses are known, so that both round trips
+  // overlap the data's and the sum's instead of following them; in larger
+  // calls the 12 KB of shared memory per block (taken from L1) costs more
+  // than that saves.
+  static constexpr int32_t norm_stage_max_blocks_per_sm = 5;
   // The general QK-norm kernel (a lane holds up to 16 elements) needs up to
   // 64 registers: 8 blocks (at 9 it spilled 12-44 bytes).
   static constexpr int32_t general_norm_min_blocks_per_sm = 8;
 };
+
+// Whether one-round QK-norm blocks on the row path stage their weights and
+// cos/sin (RopeCudaPolicy::norm_stage_max_blocks_per_sm); multiprocessors <= 0
+// (unknown): no.
+inline bool rope_norm_stage(int64_t blocks, int32_t multiprocessors) {
+  return multiprocessors > 0 && blocks <= int64_t{RopeCudaPolicy::norm_stage_max_blocks_per_sm} * multiprocessors;
+}
 
 // The QK-norm kernel's split of one head: `lanes` lanes (a power of two, at
 // most 32, so a head's lanes are an aligned part of one warp), each holding

@@ -45,6 +45,9 @@ __device__ __forceinline__ void wait_for_prior_kernels() {
 bool pdl_on_current_device();
 // -1: as the environment says (the default), 0: off, 1: on where supported.
 void set_pdl_mode(int mode);
+// The current device's multiprocessor count (cached per device); -1 when the
+// runtime cannot say.
+int multiprocessors_on_current_device();
 
 // Launches `kernel` and returns the launch status; a failed launch leaves no
 // pending error behind for the next CUDA call on this thread to trip over.

@@ -192,6 +192,72 @@ __device__ __forceinline__ void prefetch_row_cos_sin(const RopePoolParams& p, co
   asm volatile("prefetch.global.L1 [%0];\n" ::"l"(row + (p.rotary_dim / 2) * elem));
 }
 
+// Asynchronous copies global -> shared (cp.async, through L1): the bytes
+// land in shared memory without holding registers while they travel, and the
+// copying thread alone reads them after wait_async_copies().
+__device__ __forceinline__ void copy_async(void* smem, const void* gmem, int bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if (bytes == 16) asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// The N frequencies freq ... of the token's cos_sin_cache row (cos, then sin)
+// copied asynchronously into a thread's stage slots: cos in slots 0-1, sin in
+// 2-3, each slot 16 bytes (stride: the slots' distance in uint4).
+template <int N>
+__device__ __forceinline__ void stage_row_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
+                                                  int freq, uint4* slot, int stride) {
+  const int elem = p.cache_bf16 ? 2 : 4;
+  const char* row = static_cast<const char*>(ptr.cos_sin_cache) + (pos * p.cache_stride + freq) * elem;
+  const char* sin_row = row + (p.rotary_dim / 2) * elem;
+  const int bytes = N * elem;
+  if (N * 2 < 16 && bytes < 16) {  // 8 bytes: N = 4 from a bfloat16 table
+    copy_async(slot, row, bytes);
+    copy_async(slot + 2 * stride, sin_row, bytes);
+    return;
+  }
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    if (c * 16 < bytes) {
+      copy_async(slot + c * stride, row + c * 16, 16);
+      copy_async(slot + (2 + c) * stride, sin_row + c * 16, 16);
+    }
+  }
+}
+
+// What stage_row_cos_sin copied, as row_cos_sin returns it (NaN where the
+// position is outside the table: nothing was copied then).
+template <int N>
+__device__ __forceinline__ void staged_row_cos_sin(const RopePoolParams& p, bool pos_ok, const uint4* slot, int stride,
+                                                   float2 (&r)[N]) {
+  static_assert(N % 4 == 0 && N <= 8, "one or two 16-byte slots per half");
+  if (!pos_ok) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r[i] = make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
+    return;
+  }
+  if (p.cache_bf16) {
+    const uint4 c = slot[0], s = slot[2 * stride];
+    const uint32_t cw[4] = {c.x, c.y, c.z, c.w}, sw[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      r[2 * i] = make_float2(__uint_as_float(cw[i] << 16), __uint_as_float(sw[i] << 16));
+      r[2 * i + 1] = make_float2(__uint_as_float(cw[i] & 0xffff0000u), __uint_as_float(sw[i] & 0xffff0000u));
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < N / 4; ++c) {
+      const uint4 cv = slot[c * stride], sv = slot[(2 + c) * stride];
+      r[4 * c] = make_float2(__uint_as_float(cv.x), __uint_as_float(sv.x));
+      r[4 * c + 1] = make_float2(__uint_as_float(cv.y), __uint_as_float(sv.y));
+      r[4 * c + 2] = make_float2(__uint_as_float(cv.z), __uint_as_float(sv.z));
+      r[4 * c + 3] = make_float2(__uint_as_float(cv.w), __uint_as_float(sv.w));
+    }
+  }
+}
+
 // Token t's position and slot. A position outside cos_sin_cache must not be
 // read: its rows become NaN and its pool write is skipped (check_slots=True
 // reports it on the host); a slot outside [0, pool_size) is not written.

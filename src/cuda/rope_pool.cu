@@ -166,6 +166,22 @@ struct Item {
     if constexpr (kFp8) return is_q ? 1.f : pool_scale(p, ptr, head, is_v);
     return 1.f;
   }
+  // kStaged: the item's 2-byte norm weights (slots 4-5), then, once the
+  // position is known, its cos/sin (slots 0-3), copied asynchronously into
+  // the thread's stage slots, so that their round trips overlap the data's
+  // and the butterfly without registers held across them.
+  template <int kNorm>
+  __device__ __forceinline__ void stage(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos, bool pos_ok,
+                                        uint4* slot) const {
+    if (is_v) return;
+    if (pair_weights<kNorm>(p)) {
+      const T* wt = static_cast<const T*>(is_q ? ptr.q_norm_weight : ptr.k_norm_weight);
+      copy_async(slot + 4 * kThreads, wt + lo_off, 16);
+      copy_async(slot + 5 * kThreads, wt + hi_off, 16);
+    }
+    if (pos_ok) stage_row_cos_sin<W>(p, ptr, pos, freq, slot, kThreads);
+    commit_async_copies();
+  }
   // Asks L2 for the item's lines now; a later load() then hits L2.
   __device__ __forceinline__ void prefetch() const {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + lo_off));
@@ -195,17 +211,24 @@ struct Item {
   // token's cos_sin_cache row (row_cos_sin), else from the block's table
   // `cs`. Groups of W > 1 elements (W even) compute on pairs
   // (Group::get2/set2).
-  template <bool kFp8, int kNorm, bool kRowCs, bool kEarlyWeights>
+  template <bool kFp8, int kNorm, bool kRowCs, bool kEarlyWeights, bool kStaged>
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr,
                                          const core::RopeCudaIndex& ix, const float2* cs, int64_t pos, bool pos_ok,
-                                         int64_t slot, bool write_pool, const float* w, float inv, float scale) {
+                                         int64_t slot, bool write_pool, const float* w, float inv, float scale,
+                                         const uint4* stage) {
     static_assert(!kRowCs || (kNeoxFull && W > 1), "rows are read for the common shape only");
     if constexpr (kNorm != kNoNorm) {
       if (!is_v && (is_q ? p.norm_q : p.norm_k)) {
         if constexpr (kRowCs) {  // the weights straight from their tensor, as the cos/sin
           // 2-byte weights with the Llama/Qwen3 rounding: one paired multiply
           if (pair_weights<kNorm>(p)) {
-            if constexpr (!kEarlyWeights) load_weights<kNorm>(p, ptr);
+            if constexpr (kStaged) {
+              wait_async_copies();
+              *reinterpret_cast<uint4*>(w_lo.e) = stage[4 * kThreads];
+              *reinterpret_cast<uint4*>(w_hi.e) = stage[5 * kThreads];
+            } else if constexpr (!kEarlyWeights) {
+              load_weights<kNorm>(p, ptr);
+            }
             if constexpr (kNorm == kNormRoundThenWeight && sizeof(T) == 2) {
               normalize_round_then_t_weight(lo, w_lo, inv);
               normalize_round_then_t_weight(hi, w_hi, inv);
@@ -229,7 +252,12 @@ struct Item {
         rotate(lo.e[0], hi.e[0], cs[freq]);
       } else {
         float2 row[kRowCs ? W : 1];
-        if constexpr (kRowCs) row_cos_sin<W>(p, ptr, pos, pos_ok, freq, row);
+        if constexpr (kStaged) {
+          wait_async_copies();
+          staged_row_cos_sin<W>(p, pos_ok, stage, kThreads, row);
+        } else if constexpr (kRowCs) {
+          row_cos_sin<W>(p, ptr, pos, pos_ok, freq, row);
+        }
         const auto at = [&](int i) {  // (cos, sin) of frequency freq + i
           if constexpr (kRowCs) return row[i];
           else return cs[freq + i];
@@ -306,7 +334,7 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // the parameter block with its 1 KB inv_freq table last, so that the fields
 // every block reads share the first cache lines of the parameter bank, which
 // is cold at each launch.
-template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs>
+template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs, bool kStaged = false>
 __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_blocks_per_sm
                                            : kAhead == 0 && !kFp8 ? Policy::norm_one_round_min_blocks_per_sm
                                                                   : Policy::norm_min_blocks_per_sm)
@@ -314,6 +342,12 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
                      const __grid_constant__ RopePoolParams p) {
   __shared__ float2 cs[kRowCs ? 1 : ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
   __shared__ __align__(16) float norm_w[kNorm != kNoNorm && !kRowCs ? 2 * kNormWeightsK : 4];
+  // kStaged (one-round row-path blocks with the QK norm, small calls): each
+  // thread's weights and cos/sin, copied asynchronously (Item::stage), in six
+  // 16-byte slots.
+  static_assert(!kStaged || (kRowCs && kAhead == 0 && kNorm != kNoNorm), "staging is for one-round norm row blocks");
+  __shared__ uint4 stage_slots[kStaged ? 6 : 1][kStaged ? kThreads : 1];
+  uint4* const slots = &stage_slots[0][kStaged ? threadIdx.x : 0];
   const int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
 
@@ -353,6 +387,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   if (item < end) {
     it.load();
     if constexpr (kEarlyWeights) it.template load_weights<kNorm>(p, ptr);
+    if constexpr (kStaged) it.template stage<kNorm>(p, ptr, pos, pos_ok, slots);
     scale = it.template pool_scale_of<kFp8>(p, ptr);
     // Blocks of several rounds only: in one-round blocks (small calls) it
     // made graph replay slower, where the rows are in L2 already.
@@ -379,11 +414,13 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
       // until none of its lanes has an item
       if (!__any_sync(0xffffffffu, active)) break;
       inv = it.head_norm_factor(p, lanes, inv_head_dim, active);
-      if (active) it.template finish<kFp8, kNorm, kRowCs, kEarlyWeights>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale);
+      if (active) it.template finish<kFp8, kNorm, kRowCs, kEarlyWeights, kStaged>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, slots);
     } else {
       if (!active) break;
-      it.template finish<kFp8, kNorm, kRowCs, kEarlyWeights>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale);
+      it.template finish<kFp8, kNorm, kRowCs, kEarlyWeights, kStaged>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, slots);
     }
+    // One-round blocks have no second item (core::plan_rope_cuda_launch).
+    if constexpr (kStaged) break;
     item += blockDim.x;
     if (item < end) {
       it.locate(p, ptr, ix, t, item, n_qk);
@@ -412,6 +449,12 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
       return round_first
                  ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
                  : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);
+    if constexpr (kR) {
+      if (core::rope_norm_stage(static_cast<int64_t>(grid.x) * grid.y, multiprocessors_on_current_device()))
+        return round_first
+                   ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR, true>, grid, block, stream, ptrs, ix, p)
+                   : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR, true>, grid, block, stream, ptrs, ix, p);
+    }
     return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
                        : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);
   }

@@ -439,6 +439,18 @@ TEST_CASE("params: 16-byte groups when everything allows, one element otherwise"
   CHECK_EQ(make_rope_pool_params(args(), args().q, args().k).inv_freq[0], 1.0f);
 }
 
+TEST_CASE("CUDA launch: one-round QK-norm blocks stage their weights and cos/sin only in small calls") {
+  const int64_t per_sm = RopeCudaPolicy::norm_stage_max_blocks_per_sm;
+  CHECK(rope_norm_stage(1, 132));
+  CHECK(rope_norm_stage(per_sm * 132, 132));
+  CHECK(!rope_norm_stage(per_sm * 132 + 1, 132));
+  // the benchmark's 32/8 heads at T = 128 (3 blocks a token) is staged on an H200, T = 512 is not
+  CHECK(rope_norm_stage(128 * 3, 132));
+  CHECK(!rope_norm_stage(512 * 3, 132));
+  CHECK(!rope_norm_stage(1, 0));   // multiprocessors unknown: never
+  CHECK(!rope_norm_stage(1, -1));
+}
+
 TEST_CASE("CUDA launch shape: whole warps, whole rounds, one round per block when split") {
   // The benchmark's shape: 32/8 heads, head_dim 128, bf16 -> 40 heads x 8 rotated pairs of groups + 8 v heads
   // x 8 pairs of groups = 384 items, three whole rounds of 128 threads.

@@ -345,6 +345,30 @@ def test_cache_rows_with_weights_in_q_dtype_over_several_rounds(dtype, T, hq, hk
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("sides", ["both", "q", "k"])
+def test_cache_rows_in_one_round_staged_and_not(dtype, cache_dtype, sides):
+    """Split tokens (one round per block) on the cache-row path: small calls
+    stage each thread's weights and cos/sin in shared memory
+    (RopeCudaPolicy::norm_stage_max_blocks_per_sm: 5 blocks per
+    multiprocessor), larger ones read them directly. A call of the last
+    staged size and one token more (32/8 heads: 3 blocks a token) both match
+    the reference, and their common tokens agree bit for bit."""
+    per_sm = 5
+    staged = per_sm * torch.cuda.get_device_properties(0).multi_processor_count // 3
+    assert staged + 1 < 1024  # both still split into one-round blocks
+    q, k, v, positions, slots, wq, wk = case(staged + 1, 32, 8, 128, dtype, seed=7, w_dtype=dtype)
+    positions[-1] = positions[0]  # the extra token's cos/sin row is one the staged call reads too
+    cache = attnprep.rope_cos_sin_cache(128, 1 << 16, 1e4, dtype=cache_dtype, device="cuda")
+    wq, wk = (wq if sides != "k" else None), (wk if sides != "q" else None)
+    big = run(q, k, v, positions, slots, wq, wk, cache=cache)
+    small = run(q[:staged], k[:staged], v[:staged], positions[:staged], slots[:staged], wq, wk, cache=cache)
+    for got_small, got_big in zip(small[:2], big[:2]):
+        assert same_bits(got_small, got_big[:staged])
+
+
+@requires_cuda
 @pytest.mark.parametrize("layout, page_size", [("NHD", 16), ("HND", 64)])
 @pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
 def test_paged_and_fp8_pools(layout, page_size, pool_dtype):
