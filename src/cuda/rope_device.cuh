@@ -1,5 +1,5 @@
 // Device helpers of the fused RoPE + KV-pool kernels (cuda/rope_pool.cu and
-// cuda/rope_norm_pool.cu): vector groups, the fp8 store,
+// cuda/rope_norm_pool.cu): vector groups, the fp8 store, asynchronous copies,
 // the rotation's arithmetic and the token's cos/sin.
 #pragma once
 

@@ -5,7 +5,8 @@
 // k and the raw v into the pools (paged or flat, in q's dtype or fp8) when the
 // token's slot is in [0, pool_size). With an aligned cos_sin_cache the common
 // shape skips the table: each item reads its cos/sin (and norm weights) from
-// their rows, and the block has no barrier (kRowCs).
+// their rows, and the block has no barrier (kRowCs); small calls with the QK
+// norm copy those into shared memory asynchronously, early (kStaged).
 #include "cuda/rope_pool.h"
 
 #include "core/rope_pool.h"
