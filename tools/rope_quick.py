@@ -1,7 +1,8 @@
 """rope_pool_fused alone, for A/B runs (tools/gpu_ab.sh): kernel time, % of a
-copy of the same bytes and CUDA-graph replay per call, for RoPE alone and the
-QK norm (32/8 and 64/8 heads) and fp8 pages, at T = 1 ... 8192 (bf16, head_dim
-128), with cos/sin from rope_base and from a float32 cos_sin_cache. No peers:
+copy of the same bytes and CUDA-graph replay per call, for RoPE alone, the QK
+norm (32/8 and 64/8 heads; Gemma's offset weights with 32/8) and fp8 pages,
+at T = 1 ... 8192 (bf16, head_dim 128; --tokens, --cases pick others), with
+cos/sin from rope_base and from a float32 cos_sin_cache. No peers:
 bench/bench_rope_pool.py makes the tables."""
 
 import argparse
@@ -13,7 +14,7 @@ from attnprep import _bench as common
 
 D, POOL = 128, 1 << 20
 CASES = [("rope", 32, False, False), ("rope64", 64, False, False), ("norm", 32, False, True), ("norm64", 64, False, True),
-         ("fp8", 32, True, False)]
+         ("gemma", 32, False, True), ("fp8", 32, True, False)]  # gemma: the QK norm with Gemma's (1 + w)
 MAXPOS = 131072
 
 
@@ -49,6 +50,8 @@ def main():
         if norm:
             extra = dict(q_norm_weight=torch.rand(D, device="cuda", dtype=torch.bfloat16) + 0.5,
                          k_norm_weight=torch.rand(D, device="cuda", dtype=torch.bfloat16) + 0.5)
+            if name == "gemma":
+                extra["norm_weight_offset"] = 1.0
         kw = dict(head_dim=D, num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e4, **extra)
         if cache:
             kw["cos_sin_cache"] = table
