@@ -1,6 +1,7 @@
 // Does walking pack's output as one flat run of vectors (each output row's
-// q | k | v segments in turn, as Inductor's kernel for the composition does)
-// beat the copy engine's three interleaved jobs? Each variant copies the same
+// q | k | v segments in turn), or the inputs' rows in order with each vector
+// stored at its output place (as Inductor's kernel for three strided copies
+// walks it), beat the copy engine's three interleaved jobs? Each variant copies the same
 // inputs, is compared byte for byte with the engine's output, and is timed
 // (median of CUDA events over calls rotating between two input sets, each
 // several times L2) against cudaMemcpyAsync of the same bytes in the same run.
@@ -37,8 +38,8 @@ struct FlatPack {
   int64_t row_stride[3], head_stride[3];  // in vectors
   uint4* out;
   int64_t total;
-  int32_t seg, local, rows;  // vectors per segment, local heads, rows
-  FastDivmod by_row3, by_seg, by_local, by_rows;
+  int32_t seg, local, rows, world;  // vectors per segment, local heads, rows, destinations
+  FastDivmod by_row3, by_seg, by_local, by_rows, by_world;
 };
 
 // kLoad 0: __ldg; 1: L1::evict_last (Triton's eviction_policy='evict_last');
@@ -60,11 +61,16 @@ __device__ __forceinline__ uint4 load(const uint4* a) {
   return v;
 }
 
-template <int kThreads, int kUnroll, int kLoad = 0>
+// kSourceOrder: vector i walks the inputs' order (row outermost, then
+// destination, local head, segment), as Inductor's kernel for three strided
+// copies does, and is stored at its place in the output; otherwise i is the
+// output vector.
+template <int kThreads, int kUnroll, int kLoad = 0, bool kSourceOrder = false>
 __global__ void __launch_bounds__(kThreads) flat_pack(const __grid_constant__ FlatPack p) {
   const int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnroll) + threadIdx.x;
   uint4 v[kUnroll];
   bool has[kUnroll];
+  int64_t at[kUnroll];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t i = base + u * kThreads;
@@ -77,15 +83,23 @@ __global__ void __launch_bounds__(kThreads) flat_pack(const __grid_constant__ Fl
       const uint32_t e = c - which * p.seg;
       const uint32_t t = p.by_local.div(row);
       const uint32_t h = row - t * p.local;
-      const uint32_t d = p.by_rows.div(t);
-      const uint32_t r = t - d * p.rows;
+      uint32_t d, r;
+      if constexpr (kSourceOrder) {
+        r = p.by_world.div(t);
+        d = t - r * p.world;
+        at[u] = ((static_cast<int64_t>(d) * p.rows + r) * p.local + h) * 3 * p.seg + c;
+      } else {
+        d = p.by_rows.div(t);
+        r = t - d * p.rows;
+        at[u] = i;
+      }
       const int64_t head = static_cast<int64_t>(d) * p.local + h;
       v[u] = load<kLoad>(p.src[which] + r * p.row_stride[which] + head * p.head_stride[which] + e);
     }
   }
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u)
-    if (has[u]) p.out[base + u * kThreads] = v[u];
+    if (has[u]) p.out[at[u]] = v[u];
 }
 
 // flat_pack with the shape compiled in: (rows, 8 heads of 16 vectors, world
@@ -187,18 +201,20 @@ FlatPack flat_plan(const attnprep::core::TensorArg (&qkv)[3], int64_t world, uin
   p.seg = static_cast<int32_t>(dim * 2 / 16);
   p.local = static_cast<int32_t>(heads / world);
   p.rows = static_cast<int32_t>(rows);
+  p.world = static_cast<int32_t>(world);
   p.total = 3 * rows * heads * dim * 2 / 16;
   p.by_row3 = FastDivmod(3 * p.seg);
   p.by_seg = FastDivmod(p.seg);
   p.by_local = FastDivmod(p.local);
   p.by_rows = FastDivmod(p.rows);
+  p.by_world = FastDivmod(p.world);
   return p;
 }
 
-template <int T, int U, int L = 0>
+template <int T, int U, int L = 0, bool S = false>
 void launch_flat(const FlatPack& p) {
   const int64_t blocks = (p.total + T * U - 1) / (T * U);
-  flat_pack<T, U, L><<<static_cast<unsigned>(blocks), T>>>(p);
+  flat_pack<T, U, L, S><<<static_cast<unsigned>(blocks), T>>>(p);
 }
 
 // 1: every call on the same inputs and output (as a benchmark with one input
@@ -260,6 +276,9 @@ void run_shape(int64_t rows, int64_t heads, int64_t dim, int64_t world, bool fus
   report("flat 128x1 L2 evict_last", [&](int i) { launch_flat<128, 1, 2>(flats[i % g_sets]); });
   report("flat 512x4 L1::evict_last", [&](int i) { launch_flat<512, 4, 1>(flats[i % g_sets]); });
   report("flat 512x4 L2 evict_last", [&](int i) { launch_flat<512, 4, 2>(flats[i % g_sets]); });
+  report("source order 128x1", [&](int i) { launch_flat<128, 1, 0, true>(flats[i % g_sets]); });
+  report("source order 128x1 L2 evict_last", [&](int i) { launch_flat<128, 1, 2, true>(flats[i % g_sets]); });
+  report("source order 512x4 L2 evict_last", [&](int i) { launch_flat<512, 4, 2, true>(flats[i % g_sets]); });
   std::printf("\n");
   for (auto& s : sets) {
     CHECK_CUDA(cudaFree(s.in));
