@@ -210,8 +210,9 @@ struct Item {
   // q and k groups are normalized first (weights `w` in shared memory, the
   // head's factor `inv`). kRowCs (kNeoxFull only): cos/sin straight from the
   // token's cos_sin_cache row (row_cos_sin), else from the block's table
-  // `cs`. Groups of W > 1 elements (W even) compute on pairs
-  // (Group::get2/set2).
+  // `cs`; kStaged: the 2-byte weights and the cos/sin from the thread's
+  // `stage` slots instead (Item::stage). Groups of W > 1 elements (W even)
+  // compute on pairs (Group::get2/set2).
   template <bool kFp8, int kNorm, bool kRowCs, bool kEarlyWeights, bool kStaged>
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr,
                                          const core::RopeCudaIndex& ix, const float2* cs, int64_t pos, bool pos_ok,
@@ -331,7 +332,10 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // one round). kRowCs (kNeoxFull, cos_sin_cache given with p.cache_vector,
 // norm weights 16-byte aligned): no block set-up; each item reads its
 // cos/sin from the token's row and its norm weights from their tensors, and
-// the block has no barrier. The parameters: pointers and index plan first,
+// the block has no barrier. kStaged (kRowCs, one round, the QK norm; small
+// calls, core::rope_norm_stage): each thread's 2-byte weights and cos/sin are
+// copied into shared memory asynchronously as soon as their addresses are
+// known (Item::stage). The parameters: pointers and index plan first,
 // the parameter block with its 1 KB inv_freq table last, so that the fields
 // every block reads share the first cache lines of the parameter bank, which
 // is cold at each launch.
