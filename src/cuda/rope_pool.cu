@@ -219,13 +219,14 @@ struct Item {
                                          int64_t slot, bool write_pool, const float* w, float inv, float scale,
                                          const uint4* stage) {
     static_assert(!kRowCs || (kNeoxFull && W > 1), "rows are read for the common shape only");
+    // the item's weights and cos/sin are one copy group: one wait for both
+    if constexpr (kStaged) if (!is_v) wait_async_copies();
     if constexpr (kNorm != kNoNorm) {
       if (!is_v && (is_q ? p.norm_q : p.norm_k)) {
         if constexpr (kRowCs) {  // the weights straight from their tensor, as the cos/sin
           // 2-byte weights with the Llama/Qwen3 rounding: one paired multiply
           if (pair_weights<kNorm>(p)) {
             if constexpr (kStaged) {
-              wait_async_copies();
               *reinterpret_cast<uint4*>(w_lo.e) = stage[4 * kThreads];
               *reinterpret_cast<uint4*>(w_hi.e) = stage[5 * kThreads];
             } else if constexpr (!kEarlyWeights) {
@@ -255,7 +256,6 @@ struct Item {
       } else {
         float2 row[kRowCs ? W : 1];
         if constexpr (kStaged) {
-          wait_async_copies();
           staged_row_cos_sin<W>(p, pos_ok, stage, kThreads, row);
         } else if constexpr (kRowCs) {
           row_cos_sin<W>(p, ptr, pos, pos_ok, freq, row);
