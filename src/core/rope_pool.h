@@ -199,6 +199,11 @@ struct RopeCudaIndex {
   FastDivmod v_items;   // by v_items_per_head
   FastDivmod page;      // by page_size; slots < 2^32, so div_wide
   int32_t items_per_block;
+  // plan_rope_cuda_tail: blocks from whole_tokens on serve the call's last
+  // tokens in tail.divisor slices of tail_items_per_block items each.
+  uint32_t whole_tokens = UINT32_MAX;
+  int32_t tail_items_per_block = 0;
+  FastDivmod tail;
 };
 inline RopeCudaIndex plan_rope_cuda_index(const RopePoolParams& p, int64_t splits, int lanes) {
   RopeCudaIndex ix;
@@ -207,6 +212,29 @@ inline RopeCudaIndex plan_rope_cuda_index(const RopePoolParams& p, int64_t split
   ix.page = FastDivmod(static_cast<uint32_t>(p.page_size));
   ix.items_per_block = rope_items_per_block(static_cast<int>(rope_items_per_token(p)), static_cast<int>(splits), lanes);
   return ix;
+}
+
+// A call whose blocks walk several rounds (a block per token) and are more
+// than the multiprocessors hold at once ends with a last wave of whole-token
+// blocks, each a token's whole latency, while fewer and fewer run beside
+// them. Its last tokens go instead in one-round slices (one block per round,
+// last in blockIdx order, so dispatched last): as many as fill the resident
+// blocks once, at most the tokens past the first wave. Returns the number of
+// blocks to launch (the grid's x) and fills `ix`'s tail fields; no tail
+// (returns num_tokens) for one-round tokens, calls within one wave, and
+// `resident_blocks` <= 0 (unknown).
+inline int64_t plan_rope_cuda_tail(RopeCudaIndex& ix, int64_t items, int64_t num_tokens, int32_t threads, int lanes,
+                                   int64_t resident_blocks) {
+  const int64_t rounds = (items + threads - 1) / threads;
+  if (rounds < 2 || resident_blocks <= 0 || num_tokens <= resident_blocks) return num_tokens;
+  int64_t tail = (resident_blocks + rounds - 1) / rounds;
+  if (tail > num_tokens - resident_blocks) tail = num_tokens - resident_blocks;
+  const int64_t blocks = num_tokens + tail * (rounds - 1);
+  if (blocks >= kRopeMaxTokens) return num_tokens;  // the grid's x holds at most 2^31 - 1 blocks
+  ix.whole_tokens = static_cast<uint32_t>(num_tokens - tail);
+  ix.tail = FastDivmod(static_cast<uint32_t>(rounds));
+  ix.tail_items_per_block = rope_items_per_block(static_cast<int>(items), static_cast<int>(rounds), lanes);
+  return blocks;
 }
 
 // Work of one token in the QK-norm kernel: q heads, k heads, then v heads,

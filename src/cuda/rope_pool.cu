@@ -321,8 +321,16 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
   }
 }
 
+// Several-round blocks with pools in q's dtype serve the call's last tokens
+// in one-round slices (core::plan_rope_cuda_tail). Not the fp8 instantiations:
+// the slice arithmetic made them spill under the occupancy target, which
+// cost them more than the tail saves.
+template <int kAhead, bool kFp8>
+constexpr bool kTail = kAhead > 0 && !kFp8;
+
 // Block (t, s): token t, the (gridDim.y - 1 - s)-th of gridDim.y slices of
-// its work items.
+// its work items; with kTail, blocks from ix.whole_tokens on are slices of
+// the call's last tokens.
 // kAhead: while on an item, ask L2 for the one kAhead rounds later (0: the
 // blocks serve one round, core::RopeCudaPolicy's one-round bounds). kFp8: the
 // pools are float8 (a separate instantiation: the conversion's registers would
@@ -353,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   static_assert(!kStaged || (kRowCs && kAhead == 0 && kNorm != kNoNorm), "staging is for one-round norm row blocks");
   __shared__ uint4 stage_slots[kStaged ? 6 : 1][kStaged ? kThreads : 1];
   uint4* const slots = &stage_slots[0][kStaged ? threadIdx.x : 0];
-  const int64_t t = blockIdx.x;
+  int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
 
   // Parameter arithmetic only up to the wait: with PDL it overlaps the kernel
@@ -365,18 +373,28 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   const int n_all = n_qk + p.num_kv_heads * p.v_items_per_head;
   const int lanes = p.qk_items_per_head;  // kNorm: a power of two, at most 32
   const float inv_head_dim = 1.f / static_cast<float>(p.head_dim);  // kNorm: exact, a power of two
-  const int per_block = ix.items_per_block;
   // Slices in reverse: a split token's last slice (its k and v heads: the
   // pool writes, with fp8 pools all of the conversion) is its longest, and
   // blocks start in blockIdx order, so it goes first.
-  const int slice = static_cast<int>(gridDim.y - 1 - blockIdx.y);
-  const int end = min(n_all, slice * per_block + per_block);
+  int begin = static_cast<int>(gridDim.y - 1 - blockIdx.y) * ix.items_per_block;
+  int share = ix.items_per_block;
+  // The call's last tokens in one-round slices (core::plan_rope_cuda_tail).
+  if constexpr (kTail<kAhead, kFp8>) {
+    if (blockIdx.x >= ix.whole_tokens) {
+      const uint32_t b = blockIdx.x - ix.whole_tokens;
+      const uint32_t q = ix.tail.div(b);
+      t = ix.whole_tokens + q;
+      share = ix.tail_items_per_block;
+      begin = static_cast<int>(ix.tail.divisor - 1u - (b - q * ix.tail.divisor)) * share;
+    }
+  }
+  const int end = min(n_all, begin + share);
   // One item in flight per thread, its loads issued before the cos/sin table
   // so they overlap that work and the round trip for the position. (Two
   // items in flight need more registers than the occupancy target allows.)
   Item<T, W, kNeoxFull> it;
   constexpr bool kEarlyWeights = kRowCs && kNorm != kNoNorm && kAhead > 0;  // Item::load_weights
-  int item = slice * per_block + threadIdx.x;
+  int item = begin + threadIdx.x;
   if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
   const float first_inv_freq =
       !kRowCs && !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
@@ -441,19 +459,30 @@ template <typename T, bool kFp8, bool kNeoxFull, bool kRowCs>
 cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaStream_t stream) {
   const bool norm = p.norm_q || p.norm_k;
   const core::RopeCudaLaunch shape = core::plan_rope_cuda_launch(core::rope_items_per_token(p), p.num_tokens);
-  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(shape.splits));
+  dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(shape.splits));
   const dim3 block(shape.threads);
   constexpr int V = 16 / sizeof(T);
   constexpr int kAhead = Policy::prefetch_rounds_ahead;
   constexpr bool kF = kNeoxFull, kR = kRowCs;
-  const core::RopeCudaIndex ix = core::plan_rope_cuda_index(p, shape.splits, norm ? p.qk_items_per_head : 1);
+  core::RopeCudaIndex ix = core::plan_rope_cuda_index(p, shape.splits, norm ? p.qk_items_per_head : 1);
+  // The several-round kernels end the call with one-round slices of its last
+  // tokens (kTail, core::plan_rope_cuda_tail), sized by the blocks that their
+  // launch bounds keep resident.
+  const auto plan_tail = [&](int32_t blocks_per_sm) {
+    if constexpr (kTail<kAhead, kFp8>)
+      grid.x = static_cast<unsigned>(core::plan_rope_cuda_tail(
+          ix, core::rope_items_per_token(p), p.num_tokens, shape.threads, norm ? p.qk_items_per_head : 1,
+          int64_t{blocks_per_sm} * multiprocessors_on_current_device()));
+  };
   if (norm) {  // only where core::rope_norm_in_rotation_kernel (so p.width == V)
     constexpr int kRound = kNormRoundThenWeight, kOffset = kNormOffsetWeight;
     const bool round_first = norm_mode(p) == kNormRoundThenWeight;
-    if (shape.several_rounds)
+    if (shape.several_rounds) {
+      plan_tail(Policy::norm_min_blocks_per_sm);
       return round_first
                  ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
                  : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);
+    }
     if constexpr (kR) {
       if (core::rope_norm_stage(static_cast<int64_t>(grid.x) * grid.y, multiprocessors_on_current_device()))
         return round_first
@@ -467,10 +496,12 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
     if (p.width == 1)
       return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8, kNoNorm, false, false>, grid, block, stream, ptrs, ix, p);
   }
+  if (shape.several_rounds) {
+    plan_tail(Policy::min_blocks_per_sm);
+    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kNoNorm, kF, kR>, grid, block, stream, ptrs, ix, p);
+  }
   // One round per block (small calls, split tokens): nothing to ask for
   // ahead, and the instantiation without the prefetch is leaner.
-  if (shape.several_rounds)
-    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kNoNorm, kF, kR>, grid, block, stream, ptrs, ix, p);
   return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kNoNorm, kF, kR>, grid, block, stream, ptrs, ix, p);
 }
 

@@ -1,6 +1,8 @@
 // rope_pool_fused: every check and message in order (synthetic tensors, so
 // also the cases CI cannot build: two GPUs, MPS, mixed devices), the launch
 // parameters, and the CPU reference against closed-form cases.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -486,6 +488,67 @@ TEST_CASE("CUDA launch shape: whole warps, whole rounds, one round per block whe
       CHECK_EQ(whole.splits, 1);
       CHECK_EQ(whole.several_rounds, items > whole.threads);
     }
+}
+
+TEST_CASE("CUDA launch: a several-round call's last wave in one-round slices, every item served once") {
+  // The benchmark's shape on an H200 with the QK norm (9 blocks x 132 multiprocessors): 2048 tokens of 3
+  // rounds end with the 396 tokens whose 1188 slices fill the resident blocks once.
+  const RopePoolArgs b = args(DType::BFloat16, cuda0, 2048, 32, 8, 128);
+  const RopePoolParams bp = make_rope_pool_params(b, b.q, b.k);
+  RopeCudaIndex bix = plan_rope_cuda_index(bp, 1, 8);
+  CHECK_EQ(plan_rope_cuda_tail(bix, 384, 2048, 128, 8, 1188), 2048 + 396 * 2);
+  CHECK_EQ(bix.whole_tokens, 2048u - 396u);
+  CHECK_EQ(bix.tail.divisor, 3u);
+  CHECK_EQ(bix.tail_items_per_block, 128);
+  // ... past the first wave by fewer tokens than that: those tokens only
+  CHECK_EQ(plan_rope_cuda_tail(bix, 384, 1200, 128, 8, 1188), 1200 + 12 * 2);
+  CHECK_EQ(bix.whole_tokens, 1188u);
+  // no tail: within one wave, one-round tokens, resident blocks unknown, a grid past 2^31 - 1 blocks
+  for (auto c : {std::array<int64_t, 3>{384, 1188, 1188}, {128, 5000, 1188}, {384, 5000, 0}, {384, 5000, -1},
+                 {384, kRopeMaxTokens - 100, 1188}}) {
+    RopeCudaIndex ix = plan_rope_cuda_index(bp, 1, 8);
+    CHECK_EQ(plan_rope_cuda_tail(ix, c[0], c[1], 128, 8, c[2]), c[1]);
+    CHECK_EQ(ix.whole_tokens, UINT32_MAX);
+  }
+  // The kernel's walk (rope_pool_kernel): block x < whole_tokens serves token x whole, in rounds of `threads`;
+  // past it, block x serves slice (divisor - 1 - s) of token whole_tokens + q, where q, s = divmod(x -
+  // whole_tokens, divisor), in one round. Every item of every token exactly once; with the QK norm
+  // (lanes > 1) slices start on head boundaries.
+  for (auto heads : {std::pair<int64_t, int64_t>{32, 8}, {64, 8}, {5, 1}, {48, 8}, {28, 4}})
+    for (bool norm : {false, true})
+      for (int64_t T : {1, 7, 50, 51, 64, 97})
+        for (int64_t resident : {int64_t{0}, int64_t{6}, int64_t{50}}) {
+          const RopePoolArgs a = args(DType::BFloat16, cuda0, T, heads.first, heads.second, 128);
+          const RopePoolParams p = make_rope_pool_params(a, a.q, a.k);
+          const int lanes = norm ? p.qk_items_per_head : 1;
+          const int n_all = static_cast<int>(rope_items_per_token(p));
+          const RopeCudaLaunch plan = plan_rope_cuda_launch(n_all, T, 128, 0);  // a block per token
+          RopeCudaIndex ix = plan_rope_cuda_index(p, plan.splits, lanes);
+          const int64_t blocks = plan_rope_cuda_tail(ix, n_all, T, plan.threads, lanes, resident);
+          const int64_t rounds = (n_all + plan.threads - 1) / plan.threads;
+          CHECK_EQ(blocks > T, rounds > 1 && resident > 0 && T > resident);
+          std::vector<int> served(static_cast<size_t>(T * n_all), 0);
+          bool in_range = true, one_round = true, on_heads = true;
+          for (int64_t x = 0; x < blocks; ++x) {
+            int64_t t = x;
+            int begin = 0, share = ix.items_per_block;
+            const bool sliced = static_cast<uint64_t>(x) >= ix.whole_tokens;
+            if (sliced) {
+              const uint32_t bx = static_cast<uint32_t>(x) - ix.whole_tokens, q = ix.tail.div(bx);
+              t = ix.whole_tokens + q;
+              share = ix.tail_items_per_block;
+              begin = static_cast<int>(ix.tail.divisor - 1u - (bx - q * ix.tail.divisor)) * share;
+              one_round &= share <= plan.threads;
+              on_heads &= begin % lanes == 0;
+            }
+            in_range &= t < T;
+            if (t >= T) continue;
+            for (int item = begin; item < std::min(n_all, begin + share); ++item)
+              ++served[static_cast<size_t>(t * n_all + item)];
+          }
+          CHECK(in_range && one_round && on_heads);
+          CHECK(std::all_of(served.begin(), served.end(), [](int n) { return n == 1; }));
+        }
 }
 
 namespace {
