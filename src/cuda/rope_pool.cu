@@ -321,16 +321,8 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
   }
 }
 
-// Several-round blocks with pools in q's dtype serve the call's last tokens
-// in one-round slices (core::plan_rope_cuda_tail). Not the fp8 instantiations:
-// the slice arithmetic made them spill under the occupancy target, which
-// cost them more than the tail saves.
-template <int kAhead, bool kFp8>
-constexpr bool kTail = kAhead > 0 && !kFp8;
-
 // Block (t, s): token t, the (gridDim.y - 1 - s)-th of gridDim.y slices of
-// its work items; with kTail, blocks from ix.whole_tokens on are slices of
-// the call's last tokens.
+// its work items.
 // kAhead: while on an item, ask L2 for the one kAhead rounds later (0: the
 // blocks serve one round, core::RopeCudaPolicy's one-round bounds). kFp8: the
 // pools are float8 (a separate instantiation: the conversion's registers would
@@ -346,8 +338,11 @@ constexpr bool kTail = kAhead > 0 && !kFp8;
 // known (Item::stage). The parameters: pointers and index plan first,
 // the parameter block with its 1 KB inv_freq table last, so that the fields
 // every block reads share the first cache lines of the parameter bank, which
-// is cold at each launch.
-template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs, bool kStaged = false>
+// is cold at each launch. kTail (several rounds, the QK norm, pools in q's
+// dtype; core::plan_rope_cuda_tail): blocks from ix.whole_tokens on serve
+// the call's last tokens in one-round slices.
+template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs, bool kStaged = false,
+          bool kTail = false>
 __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_blocks_per_sm
                                            : kAhead == 0 && !kFp8 ? Policy::norm_one_round_min_blocks_per_sm
                                                                   : Policy::norm_min_blocks_per_sm)
@@ -359,6 +354,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // thread's weights and cos/sin, copied asynchronously (Item::stage), in six
   // 16-byte slots.
   static_assert(!kStaged || (kRowCs && kAhead == 0 && kNorm != kNoNorm), "staging is for one-round norm row blocks");
+  static_assert(!kTail || (kAhead > 0 && kNorm != kNoNorm && !kFp8), "tails are for several-round norm blocks");
   __shared__ uint4 stage_slots[kStaged ? 6 : 1][kStaged ? kThreads : 1];
   uint4* const slots = &stage_slots[0][kStaged ? threadIdx.x : 0];
   int64_t t = blockIdx.x;
@@ -378,8 +374,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // blocks start in blockIdx order, so it goes first.
   int begin = static_cast<int>(gridDim.y - 1 - blockIdx.y) * ix.items_per_block;
   int share = ix.items_per_block;
-  // The call's last tokens in one-round slices (core::plan_rope_cuda_tail).
-  if constexpr (kTail<kAhead, kFp8>) {
+  if constexpr (kTail) {
     if (blockIdx.x >= ix.whole_tokens) {
       const uint32_t b = blockIdx.x - ix.whole_tokens;
       const uint32_t q = ix.tail.div(b);
@@ -465,20 +460,26 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
   constexpr int kAhead = Policy::prefetch_rounds_ahead;
   constexpr bool kF = kNeoxFull, kR = kRowCs;
   core::RopeCudaIndex ix = core::plan_rope_cuda_index(p, shape.splits, norm ? p.qk_items_per_head : 1);
-  // The several-round kernels end the call with one-round slices of its last
-  // tokens (kTail, core::plan_rope_cuda_tail), sized by the blocks that their
-  // launch bounds keep resident.
-  const auto plan_tail = [&](int32_t blocks_per_sm) {
-    if constexpr (kTail<kAhead, kFp8>)
-      grid.x = static_cast<unsigned>(core::plan_rope_cuda_tail(
-          ix, core::rope_items_per_token(p), p.num_tokens, shape.threads, norm ? p.qk_items_per_head : 1,
-          int64_t{blocks_per_sm} * multiprocessors_on_current_device()));
-  };
   if (norm) {  // only where core::rope_norm_in_rotation_kernel (so p.width == V)
     constexpr int kRound = kNormRoundThenWeight, kOffset = kNormOffsetWeight;
     const bool round_first = norm_mode(p) == kNormRoundThenWeight;
     if (shape.several_rounds) {
-      plan_tail(Policy::norm_min_blocks_per_sm);
+      // A call past one wave of these blocks ends with one-round slices of
+      // its last tokens (kTail). Not with fp8 pools: the slice arithmetic
+      // made those instantiations spill under the occupancy target.
+      if constexpr (!kFp8) {
+        const int64_t blocks = core::plan_rope_cuda_tail(
+            ix, core::rope_items_per_token(p), p.num_tokens, shape.threads, p.qk_items_per_head,
+            int64_t{Policy::norm_min_blocks_per_sm} * multiprocessors_on_current_device());
+        if (blocks > p.num_tokens) {
+          grid.x = static_cast<unsigned>(blocks);
+          return round_first
+                     ? launch_kernel(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, false, true>, grid, block,
+                                     stream, ptrs, ix, p)
+                     : launch_kernel(rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, false, true>, grid, block,
+                                     stream, ptrs, ix, p);
+        }
+      }
       return round_first
                  ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
                  : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);
@@ -496,12 +497,10 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
     if (p.width == 1)
       return launch_kernel(rope_pool_kernel<T, 1, 0, kFp8, kNoNorm, false, false>, grid, block, stream, ptrs, ix, p);
   }
-  if (shape.several_rounds) {
-    plan_tail(Policy::min_blocks_per_sm);
-    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kNoNorm, kF, kR>, grid, block, stream, ptrs, ix, p);
-  }
   // One round per block (small calls, split tokens): nothing to ask for
   // ahead, and the instantiation without the prefetch is leaner.
+  if (shape.several_rounds)
+    return launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kNoNorm, kF, kR>, grid, block, stream, ptrs, ix, p);
   return launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kNoNorm, kF, kR>, grid, block, stream, ptrs, ix, p);
 }
 

@@ -345,25 +345,23 @@ def test_cache_rows_with_weights_in_q_dtype_over_several_rounds(dtype, T, hq, hk
 
 
 @requires_cuda
-@pytest.mark.parametrize("norm", [True, False], ids=["qk_norm", "rope_only"])
 @pytest.mark.parametrize("hq", [32, 64])  # 3 and 5 rounds a token
 @pytest.mark.parametrize("extra", [1, 700])
 @pytest.mark.parametrize("with_cache", [True, False], ids=["cache", "rope_base"])
-def test_last_wave_in_one_round_slices(norm, hq, extra, with_cache):
+@pytest.mark.parametrize("w_dtype, offset", [(torch.bfloat16, 0.0), (torch.float32, 1.0)], ids=["qwen3", "gemma"])
+def test_last_wave_in_one_round_slices(hq, extra, with_cache, w_dtype, offset):
     """Past one wave of whole-token blocks (RopeCudaPolicy: 9 blocks of 128
-    threads per multiprocessor with the QK norm, 10 without), a call's last
-    tokens go in one-round slices (core::plan_rope_cuda_tail). They match the
-    reference, and bit for bit what the same tokens give in whole-token
-    blocks: the call again with its tokens in reverse order."""
-    resident = (9 if norm else 10) * torch.cuda.get_device_properties(0).multi_processor_count
+    threads per multiprocessor with the QK norm), a call's last tokens go in
+    one-round slices (core::plan_rope_cuda_tail). They match the reference,
+    and bit for bit what the same tokens give in whole-token blocks: the call
+    again with its tokens in reverse order."""
+    resident = 9 * torch.cuda.get_device_properties(0).multi_processor_count
     q, k, v, positions, slots, wq, wk = case(resident + extra, hq, 8, 128, torch.bfloat16, seed=extra,
-                                             w_dtype=torch.bfloat16)
-    if not norm:
-        wq = wk = None
+                                             w_dtype=w_dtype)
     cache = attnprep.rope_cos_sin_cache(128, 1 << 16, 1e4, device="cuda") if with_cache else None
-    got = run(q, k, v, positions, slots, wq, wk, cache=cache)
+    got = run(q, k, v, positions, slots, wq, wk, cache=cache, offset=offset)
     flip = [x.flip(0) for x in (q, k, v, positions, slots)]
-    got_flipped = run(*flip, wq, wk, cache=cache)
+    got_flipped = run(*flip, wq, wk, cache=cache, offset=offset)
     for a, b in zip(got[:2], got_flipped[:2]):
         assert same_bits(a, b.flip(0))
 
