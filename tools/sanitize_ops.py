@@ -209,9 +209,15 @@ def check_qk_norm():
     that reads cos/sin and weights straight from their rows, in blocks of one
     round (small calls: k's 2-byte weights and the cos/sin copied into shared
     memory, flat and fp8 pools) and (16/4 heads: 192 items a token) of
-    several, where the 2-byte weights are loaded with the item's data."""
+    several, where the 2-byte weights are loaded with the item's data; past
+    one wave of several-round blocks (9 per multiprocessor) a call's last
+    tokens in one-round slices (core::plan_rope_cuda_tail), with and without
+    a cos_sin_cache."""
     from attnprep.testing import rms_norm_reference
+    past_wave = 9 * torch.cuda.get_device_properties(DEV).multi_processor_count + 57
     for dtype, dim, T, neox, layout, with_cache, (hq, hkv) in [
+            (torch.bfloat16, 128, past_wave, True, "flat", True, (16, 4)),
+            (torch.float16, 128, past_wave, True, "flat", False, (16, 4)),
             (torch.bfloat16, 128, 17, True, "flat", False, (6, 2)),
             (torch.bfloat16, 128, 1100, False, "NHD", False, (6, 2)),
             (torch.float32, 80, 33, True, "HND", False, (6, 2)), (torch.float16, 2, 5, True, "flat", False, (6, 2)),
