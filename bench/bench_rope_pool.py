@@ -58,15 +58,15 @@ def through_cache(call, sets, nbytes, T, iters, replay):
 
 
 CACHE_COLUMNS = ["cos_sin_cache us", "% of copy, cache", "graph replay, cache us"]
-TRITON_COLUMNS = ["Triton us", "Triton % of copy, cache", "Triton graph us"]
+TRITON_COLUMNS = ["Triton us", "Triton % of copy, cache", "Triton graph us", "Triton warps"]
 
 
 def triton_peer(sets, k_pool, v_pool, nbytes, T, iters, replay, check, norm=()):
     """The Triton peer (bench/peers.py; cos/sin from cos_sin_cache, flat pools), checked on this data against
     attnprep's `check(s, cache)` (q_rot, k_rot) within a bf16 ulp or two: [us, % of a copy of the same bytes
-    plus the table rows, graph replay us]."""
+    plus the table rows, graph replay us, the warps its autotuner chose]."""
     if peers.triton is None:
-        return [float("nan")] * 3
+        return [float("nan")] * len(TRITON_COLUMNS)
     cache = cos_sin_cache()
     for s in sets:
         got = peers.triton_rope_pool(*s, k_pool, v_pool, cache, *norm)
@@ -78,7 +78,7 @@ def triton_peer(sets, k_pool, v_pool, nbytes, T, iters, replay, check, norm=()):
     tcopy = common.copy_ms((nbytes + T * D * 4) // 2, iters)
     graph = common.graph_replay_us(lambda: peers.triton_rope_pool(*sets[0], k_pool, v_pool, cache, *norm)) \
         if replay else float("nan")
-    return [t * 1e3, 100 * tcopy / t, graph]
+    return [t * 1e3, 100 * tcopy / t, graph, peers.triton_rope_pool_warps()]
 
 
 def torch_rope(q, k, positions, freqs):
@@ -220,7 +220,7 @@ def run_norm(quick: bool = False, with_peers: bool = True, ts=None):
                         best, tc, graph_c = name, tn, gn
             tri = triton_peer(sets, k_pool, v_pool, nbytes, T, iters, small,
                               lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw, cos_sin_cache=c)[:2],
-                              (wq, wk)) if with_peers else [float("nan")] * 3
+                              (wq, wk)) if with_peers else [float("nan")] * len(TRITON_COLUMNS)
             rows.append([f"{hq}/{hkv}", T, t * 1e3, 100 * tcopy / t, t / t_rope, graph, graph_copy] + cached +
                         [best, tc * 1e3, graph_c, tc / t, graph_c / graph] + tri)
             print("norm row:", rows[-1], flush=True)  # progress (the table comes at the end)
@@ -341,7 +341,7 @@ def run(quick: bool = False, ts=None, with_peers: bool = True):
                 graph_c = common.graph_replay_us(lambda: compiled(*s, k_pool, v_pool, freqs))
         tri = triton_peer(sets, k_pool, v_pool, nbytes, T, iters, T <= 512,
                           lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c)[:2]) \
-            if with_peers else [float("nan")] * 3
+            if with_peers else [float("nan")] * len(TRITON_COLUMNS)
         rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, graph_off, graph_copy] + cached +
                     [tc * 1e3, 100 * tcopy / tc, graph_c, te * 1e3, tc / t] + tri)
     common.print_table(

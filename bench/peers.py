@@ -231,6 +231,12 @@ if triton is not None:
         tl.store(v_pool + slot * HKV * 2 * HALF + hv, tl.load(v + t * HKV * 2 * HALF + hv))
 
 
+def triton_rope_pool_warps():
+    """The warp count the autotuner chose for the Triton rope peer's last call (NaN if it cannot say)."""
+    config = getattr(_rope_pool_kernel, "best_config", None)
+    return getattr(config, "num_warps", float("nan"))
+
+
 def triton_rope_pool(q, k, v, positions, slots, k_pool, v_pool, cache, wq=None, wk=None, eps=1e-6):
     """NeoX RoPE of q and k (and the QK norm when wq, wk are given) with cos/sin from cache, k_rot and v
     into the flat pools at slots; contiguous [T, heads, D] inputs, power-of-two head counts."""
