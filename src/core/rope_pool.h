@@ -237,6 +237,20 @@ inline int64_t plan_rope_cuda_tail(RopeCudaIndex& ix, int64_t items, int64_t num
   return blocks;
 }
 
+// Block `block` (>= ix.whole_tokens) of a launch with a tail: its token and
+// its slice, items [begin, begin + share). A token's slices run in reverse
+// (its last slice in the first block), as split tokens' do.
+struct RopeTailSlice {
+  uint32_t token;
+  int begin, share;
+};
+ATTNPREP_HD RopeTailSlice rope_tail_slice(const RopeCudaIndex& ix, uint32_t block) {
+  const uint32_t b = block - ix.whole_tokens;
+  const uint32_t q = ix.tail.div(b);
+  const int share = ix.tail_items_per_block;
+  return {ix.whole_tokens + q, static_cast<int>(ix.tail.divisor - 1u - (b - q * ix.tail.divisor)) * share, share};
+}
+
 // Work of one token in the QK-norm kernel: q heads, k heads, then v heads,
 // each served by `lanes` lanes.
 inline int64_t rope_norm_lanes_per_token(const RopePoolParams& p) {

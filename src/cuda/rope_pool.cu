@@ -376,11 +376,10 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   int share = ix.items_per_block;
   if constexpr (kTail) {
     if (blockIdx.x >= ix.whole_tokens) {
-      const uint32_t b = blockIdx.x - ix.whole_tokens;
-      const uint32_t q = ix.tail.div(b);
-      t = ix.whole_tokens + q;
-      share = ix.tail_items_per_block;
-      begin = static_cast<int>(ix.tail.divisor - 1u - (b - q * ix.tail.divisor)) * share;
+      const core::RopeTailSlice tail = core::rope_tail_slice(ix, blockIdx.x);
+      t = tail.token;
+      begin = tail.begin;
+      share = tail.share;
     }
   }
   const int end = min(n_all, begin + share);

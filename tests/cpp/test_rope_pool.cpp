@@ -500,6 +500,11 @@ TEST_CASE("CUDA launch: a several-round call's last wave in one-round slices, ev
   CHECK_EQ(bix.whole_tokens, 2048u - 396u);
   CHECK_EQ(bix.tail.divisor, 3u);
   CHECK_EQ(bix.tail_items_per_block, 128);
+  // a token's slices in reverse: its last slice (k and v heads) in its first block
+  CHECK_EQ(rope_tail_slice(bix, 1652).token, 1652u);
+  CHECK_EQ(rope_tail_slice(bix, 1652).begin, 256);
+  CHECK_EQ(rope_tail_slice(bix, 1654).begin, 0);
+  CHECK_EQ(rope_tail_slice(bix, 2839).token, 2047u);
   // ... past the first wave by fewer tokens than that: those tokens only
   CHECK_EQ(plan_rope_cuda_tail(bix, 384, 1200, 128, 8, 1188), 1200 + 12 * 2);
   CHECK_EQ(bix.whole_tokens, 1188u);
@@ -511,9 +516,8 @@ TEST_CASE("CUDA launch: a several-round call's last wave in one-round slices, ev
     CHECK_EQ(ix.whole_tokens, UINT32_MAX);
   }
   // The kernel's walk (rope_pool_kernel): block x < whole_tokens serves token x whole, in rounds of `threads`;
-  // past it, block x serves slice (divisor - 1 - s) of token whole_tokens + q, where q, s = divmod(x -
-  // whole_tokens, divisor), in one round. Every item of every token exactly once; with the QK norm
-  // (lanes > 1) slices start on head boundaries.
+  // past it, the slice rope_tail_slice gives, in one round. Every item of every token exactly once; with the
+  // QK norm (lanes > 1) slices start on head boundaries.
   for (auto heads : {std::pair<int64_t, int64_t>{32, 8}, {64, 8}, {5, 1}, {48, 8}, {28, 4}})
     for (bool norm : {false, true})
       for (int64_t T : {1, 7, 50, 51, 64, 97})
@@ -534,10 +538,10 @@ TEST_CASE("CUDA launch: a several-round call's last wave in one-round slices, ev
             int begin = 0, share = ix.items_per_block;
             const bool sliced = static_cast<uint64_t>(x) >= ix.whole_tokens;
             if (sliced) {
-              const uint32_t bx = static_cast<uint32_t>(x) - ix.whole_tokens, q = ix.tail.div(bx);
-              t = ix.whole_tokens + q;
-              share = ix.tail_items_per_block;
-              begin = static_cast<int>(ix.tail.divisor - 1u - (bx - q * ix.tail.divisor)) * share;
+              const RopeTailSlice slice = rope_tail_slice(ix, static_cast<uint32_t>(x));
+              t = slice.token;
+              begin = slice.begin;
+              share = slice.share;
               one_round &= share <= plan.threads;
               on_heads &= begin % lanes == 0;
             }
