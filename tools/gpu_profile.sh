@@ -8,6 +8,8 @@
 # rope/norm/fp8 take T[,q heads] (8 kv heads, head_dim 128, bf16; fp8: a
 # float8_e4m3fn NHD pool of 16-token pages, per-tensor scales); ropec, normc
 # and fp8c the same with cos/sin from a float32 cos_sin_cache (the row path).
+# tritonc:T[,q heads]: the Triton peer of bench/peers.py with the QK norm on the
+# same data (its one launch after autotuning, between profiler start/stop).
 # TAG=name prefixes the output files (one set per build variant).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +24,33 @@ for spec in "$@"; do
   cache_kw=""
   case $op in ropec | normc | fp8c) op=${op%c}; cache_kw=", cos_sin_cache=cache" ;; esac
   name="${TAG:+${TAG}_}${op}${cache_kw:+c}_$(echo "$arg" | tr ',' '_')"
+  skip=(--launch-skip 2)
   case $op in
+    tritonc)
+      kernel=_rope_pool_kernel
+      skip=(--profile-from-start off)
+      code="
+import sys, torch, attnprep
+sys.path.insert(0, 'bench')
+import peers
+T, HQ = (($arg,) + (32,))[:2]
+q = torch.randn(T, HQ, 128, device='cuda', dtype=torch.bfloat16)
+k = torch.randn(T, 8, 128, device='cuda', dtype=torch.bfloat16)
+v = torch.randn_like(k)
+pos = torch.randint(0, 131072, (T,), device='cuda')
+slots = torch.randperm(1_000_000, device='cuda')[:T]
+kp = torch.zeros(1_000_000, 8, 128, device='cuda', dtype=torch.bfloat16)
+vp = torch.zeros_like(kp)
+wq, wk = (torch.rand(128, device='cuda', dtype=torch.bfloat16) + 0.5 for _ in range(2))
+cache = attnprep.rope_cos_sin_cache(128, 131072, 1e4, device='cuda')
+for _ in range(3):
+    peers.triton_rope_pool(q, k, v, pos, slots, kp, vp, cache, wq, wk)
+torch.cuda.synchronize()
+print('triton warps', peers.triton_rope_pool_warps())
+torch.cuda.profiler.start()
+peers.triton_rope_pool(q, k, v, pos, slots, kp, vp, cache, wq, wk)
+torch.cuda.synchronize()
+torch.cuda.profiler.stop()" ;;
     rope | norm | fp8)  # norm: with the QK norm (q and k weights); fp8: into fp8 pages
       kernel=rope_pool_kernel
       extra_kw=$([ "$op" = norm ] && echo ", q_norm_weight=wq, k_norm_weight=wk")
@@ -57,7 +85,7 @@ for _ in range(3):
 torch.cuda.synchronize()" ;;
     *) echo "unknown op $op"; continue ;;
   esac
-  $NCU --clock-control none -k "regex:$kernel" --launch-skip 2 --launch-count 1 --set full \
+  $NCU --clock-control none -k "regex:$kernel" "${skip[@]}" --launch-count 1 --set full \
     --import-source no -f -o "$OUT/ncu_$name" $PY -c "$code" > "$OUT/ncu_$name.log" 2>&1 ||
     { echo "ncu $name failed:"; tail -5 "$OUT/ncu_$name.log"; continue; }
   $NCU -i "$OUT/ncu_$name.ncu-rep" --page details > "$OUT/ncu_${name}_details.txt" 2>&1

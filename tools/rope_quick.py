@@ -2,10 +2,14 @@
 copy of the same bytes and CUDA-graph replay per call, for RoPE alone, the QK
 norm (32/8 and 64/8 heads; Gemma's offset weights with 32/8) and fp8 pages,
 at T = 1 ... 8192 (bf16, head_dim 128; --tokens, --cases pick others), with
-cos/sin from rope_base and from a float32 cos_sin_cache. No peers:
-bench/bench_rope_pool.py makes the tables."""
+cos/sin from rope_base and from a float32 cos_sin_cache. --triton adds the
+Triton peer of bench/peers.py on the same data (cache cases in q's dtype,
+not Gemma's weights) and the warp count its autotuner chose, to compare
+time against T with it; bench/bench_rope_pool.py makes the tables."""
 
 import argparse
+import os
+import sys
 
 import torch
 
@@ -23,7 +27,12 @@ def main():
     ap.add_argument("--cos-sin", choices=["rope_base", "cache", "both"], default="both", help="where cos/sin come from")
     ap.add_argument("--tokens", default="1,128,512,2048,8192", help="comma-separated token counts")
     ap.add_argument("--cases", default=",".join(c[0] for c in CASES), help="comma-separated cases to run")
+    ap.add_argument("--triton", action="store_true", help="also time the Triton peer (bench/peers.py)")
     a = ap.parse_args()
+    peers = None
+    if a.triton:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+        import peers
     token_counts = [int(x) for x in a.tokens.split(",")]
     cases = [c for c in CASES if c[0] in a.cases.split(",")]
     sources = {"rope_base": (False,), "cache": (True,), "both": (False, True)}[a.cos_sin]
@@ -64,8 +73,15 @@ def main():
             t_copy = common.copy_ms(nbytes // 2, 50)
             replay = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw)) \
                 if T <= 512 else float("nan")
-            rows.append([name, T, t * 1e3, 100 * t_copy / t, replay])
-    common.print_table("rope_pool_fused alone (A/B)", ["case", "T", "us", "% of copy", "graph replay us"], rows)
+            rows.append([name, T, t * 1e3, 100 * t_copy / t, replay, ""])
+            if peers is not None and peers.triton is not None and cache and not fp8 and name != "gemma+cache":
+                norm_w = (extra["q_norm_weight"], extra["k_norm_weight"]) if norm else ()
+                call = lambda s: peers.triton_rope_pool(*s, k_pool, v_pool, table, *norm_w)  # noqa: E731
+                t = common.median_ms([lambda s=s: call(s) for s in sets], 50)
+                replay = common.graph_replay_us(lambda: call(sets[0])) if T <= 512 else float("nan")
+                rows.append(["triton:" + name, T, t * 1e3, 100 * t_copy / t, replay, peers.triton_rope_pool_warps()])
+    common.print_table("rope_pool_fused alone (A/B)", ["case", "T", "us", "% of copy", "graph replay us", "warps"],
+                       rows)
 
 
 if __name__ == "__main__":
