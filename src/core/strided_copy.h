@@ -105,6 +105,9 @@ struct CopyCudaPolicy {
   // the GPU.
   static constexpr int32_t small_threads = 256;
   static constexpr int64_t small_below = int64_t{1} << 18;
+  // The flat pack pass (core::PackFlatPlan, the small packs): one vector per
+  // thread in blocks of this many.
+  static constexpr int32_t flat_threads = 256;
 };
 
 // How the CUDA kernel is launched for a plan. A large copy's blocks

@@ -7,7 +7,7 @@
 namespace attnprep::cuda {
 namespace {
 
-constexpr int kThreads = core::CopyCudaPolicy::small_threads;
+constexpr int kThreads = core::CopyCudaPolicy::flat_threads;
 
 // One 16-byte vector of the output per thread, in output order.
 __global__ void __launch_bounds__(kThreads) pack_flat_kernel(const __grid_constant__ core::PackFlatPlan p) {
