@@ -106,7 +106,9 @@ struct CopyCudaPolicy {
   static constexpr int32_t small_threads = 256;
   static constexpr int64_t small_below = int64_t{1} << 18;
   // The flat pack pass (core::PackFlatPlan, the small packs): one vector per
-  // thread in blocks of this many.
+  // thread in blocks of this many. Smaller blocks (more of them, spread over
+  // more multiprocessors) do not shorten a small call alone and replay
+  // slower, the more so the more blocks each multiprocessor then holds.
   static constexpr int32_t flat_threads = 256;
 };
 
