@@ -18,6 +18,25 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 NCU=${NCU:-ncu}
 
+# rope_pool_fused's inputs for the rope/norm/fp8 and tritonc profiles, T and
+# HQ from $arg: T tokens, HQ q heads (default 32), 8 kv heads, head_dim 128,
+# pools of shape $1 and dtype $2, the QK-norm weights, a float32 cache.
+rope_inputs() {
+  cat <<PYCODE
+import torch, attnprep
+T, HQ = (($arg,) + (32,))[:2]
+q = torch.randn(T, HQ, 128, device='cuda', dtype=torch.bfloat16)
+k = torch.randn(T, 8, 128, device='cuda', dtype=torch.bfloat16)
+v = torch.randn_like(k)
+pos = torch.randint(0, 131072, (T,), device='cuda')
+slots = torch.randperm(1_000_000, device='cuda')[:T]
+kp = torch.zeros($1, device='cuda', dtype=torch.$2)
+vp = torch.zeros_like(kp)
+wq, wk = (torch.rand(128, device='cuda', dtype=torch.bfloat16) + 0.5 for _ in range(2))
+cache = attnprep.rope_cos_sin_cache(128, 131072, 1e4, device='cuda')
+PYCODE
+}
+
 for spec in "$@"; do
   op=${spec%%:*}
   arg=${spec#*:}
@@ -30,19 +49,10 @@ for spec in "$@"; do
       kernel=_rope_pool_kernel
       skip=(--profile-from-start off)
       code="
-import sys, torch, attnprep
+import sys
 sys.path.insert(0, 'bench')
 import peers
-T, HQ = (($arg,) + (32,))[:2]
-q = torch.randn(T, HQ, 128, device='cuda', dtype=torch.bfloat16)
-k = torch.randn(T, 8, 128, device='cuda', dtype=torch.bfloat16)
-v = torch.randn_like(k)
-pos = torch.randint(0, 131072, (T,), device='cuda')
-slots = torch.randperm(1_000_000, device='cuda')[:T]
-kp = torch.zeros(1_000_000, 8, 128, device='cuda', dtype=torch.bfloat16)
-vp = torch.zeros_like(kp)
-wq, wk = (torch.rand(128, device='cuda', dtype=torch.bfloat16) + 0.5 for _ in range(2))
-cache = attnprep.rope_cos_sin_cache(128, 131072, 1e4, device='cuda')
+$(rope_inputs "1_000_000, 8, 128" bfloat16)
 for _ in range(3):
     peers.triton_rope_pool(q, k, v, pos, slots, kp, vp, cache, wq, wk)
 torch.cuda.synchronize()
@@ -58,18 +68,8 @@ torch.cuda.profiler.stop()" ;;
       pool_shape=$([ "$op" = fp8 ] && echo "65536, 16, 8, 128" || echo "1_000_000, 8, 128")
       pool_dtype=$([ "$op" = fp8 ] && echo float8_e4m3fn || echo bfloat16)
       code="
-import torch, attnprep
-T, HQ = (($arg,) + (32,))[:2]
-q = torch.randn(T, HQ, 128, device='cuda', dtype=torch.bfloat16)
-k = torch.randn(T, 8, 128, device='cuda', dtype=torch.bfloat16)
-v = torch.randn_like(k)
-pos = torch.randint(0, 131072, (T,), device='cuda')
-slots = torch.randperm(1_000_000, device='cuda')[:T]
-kp = torch.zeros($pool_shape, device='cuda', dtype=torch.$pool_dtype)
-vp = torch.zeros_like(kp)
-wq, wk = (torch.rand(128, device='cuda', dtype=torch.bfloat16) + 0.5 for _ in range(2))
+$(rope_inputs "$pool_shape" "$pool_dtype")
 ks = torch.tensor(0.5, device='cuda')
-cache = attnprep.rope_cos_sin_cache(128, 131072, 1e4, device='cuda')
 for _ in range(3):
     attnprep.rope_pool_fused(q, k, v, pos, slots, kp, vp, head_dim=128, num_qo_heads=HQ, num_kv_heads=8,
                              rope_base=1e4$extra_kw$cache_kw)
