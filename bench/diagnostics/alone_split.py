@@ -21,7 +21,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import attnprep
+from attnprep import _C
 from attnprep import _bench as common
+from attnprep.testing import pack_reference
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import peers  # noqa: E402
@@ -61,9 +63,14 @@ def kernels_per_call(fn, calls=8):
     return n / calls
 
 
-def pack(rows_list, peers_too=True):
-    from attnprep.testing import pack_reference
+def copy_calls(nbytes, n_sets):
+    """torch's device copy of nbytes moved (nbytes / 2 read, nbytes / 2 written), over n_sets rotating buffers."""
+    src = [torch.empty(max(nbytes // 4, 1), dtype=torch.bfloat16, device="cuda").normal_() for _ in range(n_sets)]
+    dst = [torch.empty_like(x) for x in src]
+    return [lambda x=x, y=y: y.copy_(x) for x, y in zip(src, dst)]
 
+
+def pack(rows_list, peers_too=True):
     W, HEADS, DIM = 8, 8, 128
     rows_out = []
     for rows in rows_list:
@@ -80,23 +87,23 @@ def pack(rows_list, peers_too=True):
             fns["compiled " + name] = [lambda s=s, c=c: c(*s, W) for s in sets]
         if peers_too and peers.triton is not None:
             fns["Triton"] = [lambda s=s: peers.triton_pack(*s, W) for s in sets]
-        src = [torch.empty(nbytes // 4, dtype=torch.bfloat16, device="cuda").normal_() for _ in sets]
-        dst = [torch.empty_like(x) for x in src]
-        fns["copy of the bytes"] = [lambda x=x, y=y: y.copy_(x) for x, y in zip(src, dst)]
-        from attnprep import _C
+        fns["copy of the bytes"] = copy_calls(nbytes, len(sets))
+
+        def timed(name, fs):
+            return [rows, name, 1e3 * common.median_ms(fs), kernel_us(fs, ""), kernels_per_call(fs[0])]
 
         with common.pdl(False):
-            rows_out.append([rows, "attnprep (out=), PDL off", 1e3 * common.median_ms(ours), kernel_us(ours, ""),
-                             kernels_per_call(ours[0])])
+            rows_out.append(timed("attnprep (out=), PDL off", ours))
         _C._set_pack_flat(False)  # the copy engine's small path instead of the flat pass
-        rows_out.append([rows, "attnprep (out=), copy engine", 1e3 * common.median_ms(ours), kernel_us(ours, ""),
-                         kernels_per_call(ours[0])])
-        _C._set_pack_flat(True)
+        try:
+            rows_out.append(timed("attnprep (out=), copy engine", ours))
+        finally:
+            _C._set_pack_flat(True)
         for name, fs in fns.items():
             if name.startswith(("compiled", "Triton")):  # each peer returns the send buffer (peers.check)
                 for s, f in zip(sets, fs):
                     peers.check(f(), pack_reference(*s, W), name)
-            rows_out.append([rows, name, 1e3 * common.median_ms(fs), kernel_us(fs, ""), kernels_per_call(fs[0])])
+            rows_out.append(timed(name, fs))
         for o, s in zip(outs, sets):  # attnprep's outputs after its timed calls
             assert torch.equal(o, pack_reference(*s, W)), "pack mismatch"
     common.print_table("pack (rows, 8, 128, world 8) alone: event time and kernel time (us)",
@@ -137,10 +144,7 @@ def main():
                 with common.pdl(on):
                     row += [1e3 * common.median_ms(ours), kernel_us(ours, "rope_pool_kernel")]
             row += [1e3 * common.median_ms(tri), kernel_us(tri, "_rope_pool_kernel"), peers.triton_rope_pool_warps()]
-            n = max(nbytes // 4, 1)
-            src = [torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_() for _ in range(common.sets_needed(nbytes))]
-            dst = [torch.empty_like(s) for s in src]
-            cp = [lambda s=s, d=d: d.copy_(s) for s, d in zip(src, dst)]
+            cp = copy_calls(nbytes, common.sets_needed(nbytes))
             row += [1e3 * common.median_ms(cp), kernel_us(cp, "")]  # the copy: a memcpy or a copy kernel, the spin left out
             rows.append(row)
     common.print_table("a call alone: event time and kernel time (us)",
