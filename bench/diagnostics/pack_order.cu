@@ -5,6 +5,8 @@
 // inputs, is compared byte for byte with the engine's output, and is timed
 // (median of CUDA events over calls rotating between two input sets, each
 // several times L2) against cudaMemcpyAsync of the same bytes in the same run.
+// At (32768, 24, 128, 8) and (4096, 56, 128, 8) also the flat kernel with the
+// whole shape compiled in (fixed_large), in both orders.
 // Then small packs (rows 1, 65, 512 of 8 heads, world 8), where attnprep's
 // call timed alone trails Inductor's kernel (docs/performance-notes.md):
 // each call timed alone (CUDA events around it, queued behind a spin kernel,
@@ -102,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) flat_pack(const __grid_constant__ Fl
     if (has[u]) p.out[at[u]] = v[u];
 }
 
-// flat_pack with the shape compiled in: (rows, 8 heads of 16 vectors, world
+// flat_pack with the shape compiled in (small packs): (rows, 8 heads of 16 vectors, world
 // 8) of contiguous q, k, v, so every division is by a constant and the only
 // parameters are the pointers.
 template <int kThreads, int kRows>
@@ -115,6 +117,40 @@ __global__ void __launch_bounds__(kThreads) fixed_pack(const uint4* q, const uin
   const uint4* src = which == 0 ? q : which == 1 ? k : v;
   out[i] = __ldg(src + (r * kHeads + d) * kSeg + e);
 }
+
+// A large pack with its whole shape compiled in ((kRows, kHeads, 128, kWorld)
+// of contiguous q, k, v), Inductor's launch shape (128 threads, one vector
+// each) and its L2 evict-last loads, walked in source order as Inductor's
+// kernel for three strided copies walks it (kSourceOrder) or in output order.
+template <int kRows, int kHeads, int kWorld, bool kSourceOrder>
+__global__ void __launch_bounds__(128) fixed_large(const uint4* q, const uint4* k, const uint4* v, uint4* out) {
+  constexpr uint32_t kSeg = 16, kLocal = kHeads / kWorld, kTotal = 3u * kRows * kHeads * kSeg;
+  const uint32_t i = blockIdx.x * 128u + threadIdx.x;
+  if (i >= kTotal) return;
+  const uint32_t row = i / (3 * kSeg), c = i % (3 * kSeg), which = c / kSeg, e = c % kSeg;
+  const uint32_t t = row / kLocal, h = row % kLocal;
+  uint32_t d, r, o;
+  if constexpr (kSourceOrder) {
+    r = t / kWorld, d = t % kWorld;
+    o = ((d * kRows + r) * kLocal + h) * 3 * kSeg + c;
+  } else {
+    d = t / kRows, r = t % kRows;
+    o = i;
+  }
+  const uint4* src = which == 0 ? q : which == 1 ? k : v;
+  out[o] = load<2>(src + (r * kHeads + d * kLocal + h) * kSeg + e);
+}
+
+// fixed_large<kRows, kHeads, world 8> in one order, named for the report.
+template <int kRows, int kHeads>
+struct FixedLarge {
+  const char* name;
+  bool source;
+  void launch(unsigned blocks, const uint4* q, const uint4* k, const uint4* v, uint4* out) const {
+    if (source) fixed_large<kRows, kHeads, 8, true><<<blocks, 128>>>(q, k, v, out);
+    else fixed_large<kRows, kHeads, 8, false><<<blocks, 128>>>(q, k, v, out);
+  }
+};
 
 // About `cycles` clock cycles of one thread: queued ahead of a timed call so
 // that the host's launch cost is not in the events' interval.
@@ -279,6 +315,22 @@ void run_shape(int64_t rows, int64_t heads, int64_t dim, int64_t world, bool fus
   report("source order 128x1", [&](int i) { launch_flat<128, 1, 0, true>(flats[i % g_sets]); });
   report("source order 128x1 L2 evict_last", [&](int i) { launch_flat<128, 1, 2, true>(flats[i % g_sets]); });
   report("source order 512x4 L2 evict_last", [&](int i) { launch_flat<512, 4, 2, true>(flats[i % g_sets]); });
+  // the whole shape compiled in, where it is one of these
+  const auto fixed = [&](auto kernel) {
+    report(kernel.name, [&](int i) {
+      const uint4* in = sets[i % g_sets].in;
+      const unsigned blocks = static_cast<unsigned>((bytes / 16 + 127) / 128);
+      kernel.launch(blocks, in, in + per / 8, in + 2 * per / 8, sets[i % g_sets].out);
+    });
+  };
+  if (!fused && dim == 128 && world == 8 && rows == 32768 && heads == 24) {
+    fixed(FixedLarge<32768, 24>{"shape compiled in, source order 128x1 L2 evict_last", true});
+    fixed(FixedLarge<32768, 24>{"shape compiled in, output order 128x1 L2 evict_last", false});
+  }
+  if (!fused && dim == 128 && world == 8 && rows == 4096 && heads == 56) {
+    fixed(FixedLarge<4096, 56>{"shape compiled in, source order 128x1 L2 evict_last", true});
+    fixed(FixedLarge<4096, 56>{"shape compiled in, output order 128x1 L2 evict_last", false});
+  }
   std::printf("\n");
   for (auto& s : sets) {
     CHECK_CUDA(cudaFree(s.in));
