@@ -104,9 +104,9 @@ __global__ void __launch_bounds__(kThreads) flat_pack(const __grid_constant__ Fl
     if (has[u]) p.out[at[u]] = v[u];
 }
 
-// flat_pack with the shape compiled in (small packs): (rows, 8 heads of 16 vectors, world
-// 8) of contiguous q, k, v, so every division is by a constant and the only
-// parameters are the pointers.
+// flat_pack with a small pack's shape compiled in: (rows, 8 heads of 16
+// vectors, world 8) of contiguous q, k, v, so every division is by a
+// constant and the only parameters are the pointers.
 template <int kThreads, int kRows>
 __global__ void __launch_bounds__(kThreads) fixed_pack(const uint4* q, const uint4* k, const uint4* v, uint4* out) {
   constexpr int kSeg = 16, kHeads = 8, kTotal = 3 * kRows * kHeads * kSeg;  // local heads: 1
