@@ -6,7 +6,7 @@
 // (median of CUDA events over calls rotating between two input sets, each
 // several times L2) against cudaMemcpyAsync of the same bytes in the same run.
 // At (32768, 24, 128, 8) and (4096, 56, 128, 8) also the flat kernel with the
-// whole shape compiled in (fixed_large), in both orders.
+// whole shape compiled in (fixed_pack), in both orders.
 // Then small packs (rows 1, 65, 512 of 8 heads, world 8), where attnprep's
 // call timed alone trails Inductor's kernel (docs/performance-notes.md):
 // each call timed alone (CUDA events around it, queued behind a spin kernel,
@@ -104,28 +104,15 @@ __global__ void __launch_bounds__(kThreads) flat_pack(const __grid_constant__ Fl
     if (has[u]) p.out[at[u]] = v[u];
 }
 
-// flat_pack with a small pack's shape compiled in: (rows, 8 heads of 16
-// vectors, world 8) of contiguous q, k, v, so every division is by a
-// constant and the only parameters are the pointers.
-template <int kThreads, int kRows>
+// flat_pack with the whole shape compiled in ((kRows, kHeads, 128, kWorld)
+// of contiguous q, k, v, kThreads x 1 vector, load kLoad), so every division
+// is by a constant and the only parameters are the pointers; walked in
+// output order, or in source order as Inductor's kernel for three strided
+// copies walks it (kSourceOrder), every vector stored at its output place.
+template <int kThreads, int kRows, int kHeads, int kWorld, bool kSourceOrder, int kLoad>
 __global__ void __launch_bounds__(kThreads) fixed_pack(const uint4* q, const uint4* k, const uint4* v, uint4* out) {
-  constexpr int kSeg = 16, kHeads = 8, kTotal = 3 * kRows * kHeads * kSeg;  // local heads: 1
-  const int i = blockIdx.x * kThreads + threadIdx.x;
-  if (i >= kTotal) return;
-  const int row = i / (3 * kSeg), c = i % (3 * kSeg), which = c / kSeg, e = c % kSeg;
-  const int d = row / kRows, r = row % kRows;  // destination, token row
-  const uint4* src = which == 0 ? q : which == 1 ? k : v;
-  out[i] = __ldg(src + (r * kHeads + d) * kSeg + e);
-}
-
-// A large pack with its whole shape compiled in ((kRows, kHeads, 128, kWorld)
-// of contiguous q, k, v), Inductor's launch shape (128 threads, one vector
-// each) and its L2 evict-last loads, walked in source order as Inductor's
-// kernel for three strided copies walks it (kSourceOrder) or in output order.
-template <int kRows, int kHeads, int kWorld, bool kSourceOrder>
-__global__ void __launch_bounds__(128) fixed_large(const uint4* q, const uint4* k, const uint4* v, uint4* out) {
   constexpr uint32_t kSeg = 16, kLocal = kHeads / kWorld, kTotal = 3u * kRows * kHeads * kSeg;
-  const uint32_t i = blockIdx.x * 128u + threadIdx.x;
+  const uint32_t i = blockIdx.x * kThreads + threadIdx.x;
   if (i >= kTotal) return;
   const uint32_t row = i / (3 * kSeg), c = i % (3 * kSeg), which = c / kSeg, e = c % kSeg;
   const uint32_t t = row / kLocal, h = row % kLocal;
@@ -138,17 +125,18 @@ __global__ void __launch_bounds__(128) fixed_large(const uint4* q, const uint4* 
     o = i;
   }
   const uint4* src = which == 0 ? q : which == 1 ? k : v;
-  out[o] = load<2>(src + (r * kHeads + d * kLocal + h) * kSeg + e);
+  out[o] = load<kLoad>(src + (r * kHeads + d * kLocal + h) * kSeg + e);
 }
 
-// fixed_large<kRows, kHeads, world 8> in one order, named for the report.
+// A large pack's fixed_pack (128 x 1, L2 evict-last loads as Inductor's,
+// world 8) in one order, named for the report.
 template <int kRows, int kHeads>
 struct FixedLarge {
   const char* name;
   bool source;
   void launch(unsigned blocks, const uint4* q, const uint4* k, const uint4* v, uint4* out) const {
-    if (source) fixed_large<kRows, kHeads, 8, true><<<blocks, 128>>>(q, k, v, out);
-    else fixed_large<kRows, kHeads, 8, false><<<blocks, 128>>>(q, k, v, out);
+    if (source) fixed_pack<128, kRows, kHeads, 8, true, 2><<<blocks, 128>>>(q, k, v, out);
+    else fixed_pack<128, kRows, kHeads, 8, false, 2><<<blocks, 128>>>(q, k, v, out);
   }
 };
 
@@ -386,8 +374,8 @@ void run_small() {
   report("engine, no PDL", [&](cudaStream_t s) { CHECK_CUDA(attnprep::cuda::strided_copy(plan, s)); });
   report("flat 256x1, divisors from parameters", [&](cudaStream_t s) { flat_pack<256, 1><<<blocks256, 256, 0, s>>>(p); });
   report("flat 128x1, divisors from parameters", [&](cudaStream_t s) { flat_pack<128, 1><<<blocks128, 128, 0, s>>>(p); });
-  report("fixed 256x1, shape compiled in", [&](cudaStream_t s) { fixed_pack<256, kRows><<<blocks256, 256, 0, s>>>(q, k, v, out); });
-  report("fixed 128x1, shape compiled in", [&](cudaStream_t s) { fixed_pack<128, kRows><<<blocks128, 128, 0, s>>>(q, k, v, out); });
+  report("fixed 256x1, shape compiled in", [&](cudaStream_t s) { fixed_pack<256, kRows, 8, 8, false, 0><<<blocks256, 256, 0, s>>>(q, k, v, out); });
+  report("fixed 128x1, shape compiled in", [&](cudaStream_t s) { fixed_pack<128, kRows, 8, 8, false, 0><<<blocks128, 128, 0, s>>>(q, k, v, out); });
   attnprep::cuda::set_pdl_mode(-1);
   CHECK_CUDA(cudaFree(in));
   CHECK_CUDA(cudaFree(out));
