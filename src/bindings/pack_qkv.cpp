@@ -16,8 +16,8 @@ namespace {
 
 constexpr const char* kOp = "pack_qkv_destination_major";
 constexpr const char* kWorldMessage = "world_size must be positive and divide global_heads";
-// Whether small packs take the flat path (core::PackFlatPlan); off only in
-// benchmarks that time it against the engine in one process.
+// Whether packs of 16-byte rows take the flat path (core::PackFlatPlan); off
+// only in benchmarks that time it against the engine in one process.
 bool g_pack_flat = true;
 
 // q, k, v imported (`import`: with their addresses, or metadata alone) and
@@ -106,7 +106,7 @@ void init_pack_qkv(nb::module_& m) {
         nb::arg("world_size"), nb::arg("chunks") = 1,
         "Internal (Ulysses): [chunks, W, rows, (chunk_q + 2 * chunk_kv) * head_size].");
   m.def("_set_pack_flat", [](bool on) { g_pack_flat = on; }, nb::arg("on"),
-        "Internal (benchmarks): small packs in one flat pass (the default) or through the copy engine.");
+        "Internal (benchmarks): packs in one flat pass where they qualify (the default) or through the copy engine.");
   m.def("_check_ulysses_chunks", &core::check_ulysses_chunks, nb::arg("local_q"), nb::arg("local_kv"),
         nb::arg("kv_split"), nb::arg("chunks"), "Internal: the chunk count's check (any device).");
   m.def("_check_ulysses_geometry", &check_ulysses_geometry, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),

@@ -80,7 +80,7 @@ bool plan_pack_flat(const PackQkvShape& s, const TensorArg& q, const TensorArg& 
                     const TensorArg& out, PackFlatPlan& p) {
   const int64_t es = q.itemsize, row_bytes = s.head_size * es;
   const int64_t total = s.world_size * s.rows * s.local_heads * 3 * row_bytes / 16;
-  if (row_bytes % 16 != 0 || total == 0 || total >= CopyCudaPolicy::small_below) return false;
+  if (row_bytes % 16 != 0 || total == 0 || total > INT32_MAX) return false;
   if (reinterpret_cast<uintptr_t>(out.data) % 16 != 0) return false;
   const TensorArg* src[3] = {&q, &k, &v};
   for (int j = 0; j < 3; ++j) {
@@ -95,11 +95,12 @@ bool plan_pack_flat(const PackQkvShape& s, const TensorArg& q, const TensorArg& 
     p.head_stride[j] = static_cast<int32_t>(head_stride);
   }
   p.out = static_cast<unsigned char*>(out.data);
-  p.total = static_cast<int32_t>(total);  // under small_below
+  p.total = static_cast<int32_t>(total);  // every factor below is then under 2^31 too
+  p.rows = static_cast<int32_t>(s.rows);
   p.by_row3 = FastDivmod(static_cast<uint32_t>(3 * row_bytes / 16));
   p.by_seg = FastDivmod(static_cast<uint32_t>(row_bytes / 16));
   p.by_local = FastDivmod(static_cast<uint32_t>(s.local_heads));
-  p.by_rows = FastDivmod(static_cast<uint32_t>(s.rows));
+  p.by_inner = FastDivmod(static_cast<uint32_t>(pack_flat_walks_inputs(total) ? s.world_size : s.rows));
   return true;
 }
 

@@ -29,12 +29,17 @@ void check_pack_qkv_out(const PackQkvShape& shape, const TensorArg& q, const Ten
 StridedCopyPlan plan_pack_qkv(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k,
                               const TensorArg& v, const TensorArg& out);
 
-// A small pack (under CopyCudaPolicy::small_below vectors, every address
-// and stride a multiple of 16 bytes) walked as one flat run of the output's
-// 16-byte vectors: output vector i is vector i % seg of segment (i / seg) % 3
-// (q, k or v) of output row i / (3 * seg). One pass in output order, one
-// vector per thread: a call alone costs less than the engine's three jobs
-// over a 4-D index (docs/performance-notes.md, copy engine).
+// A pack of 16-byte rows and strides, under 2^31 vectors, walked as one flat
+// run of vectors with one vector per thread (one launch; a small call alone
+// costs less than the engine's three jobs over a 4-D index, and a large one
+// runs at the copy ceiling: docs/performance-notes.md, copy engine). Vector
+// i of the walk is vector i % seg of segment (i / seg) % 3 (q, k or v) of
+// head h of (destination d, token row r), i / (3 * seg) = t * local + h:
+//   - a small pack (pack_flat_walks_inputs false) walks the output in order,
+//     t = d * rows + r, and vector i is output vector i;
+//   - a large one walks the inputs in order, t = r * world + d (q | k | v of
+//     each global head of each token row in turn, as Inductor's kernel for
+//     the same pack does), and stores each vector at its output place.
 // 112 bytes: the kernel's parameters on two 64-byte lines of the parameter
 // bank (which starts 16 bytes into a line and is cold at each launch). The
 // divisors fill the first line, the count (read at entry, with them) opens
@@ -42,10 +47,12 @@ StridedCopyPlan plan_pack_qkv(const PackQkvShape& shape, const TensorArg& q, con
 // q/k/v that follow the divisions then hit the second line, instead of
 // waiting for a line of their own.
 struct PackFlatPlan {
-  FastDivmod by_row3, by_seg, by_local, by_rows;  // 3 * seg, seg, local heads, rows
+  // 3 * seg, seg, local heads; then rows (output order) or world (input order)
+  FastDivmod by_row3, by_seg, by_local, by_inner;
   int32_t row_stride[3];   // bytes between token rows of q, k, v (plan_pack_flat: within int32)
   int32_t head_stride[3];  // bytes between heads of q, k, v
   int32_t total;           // 16-byte vectors in the output
+  int32_t rows;            // token rows (the input-order walk's output place)
   const unsigned char* src[3];
   unsigned char* out;
 };
@@ -53,20 +60,29 @@ static_assert(sizeof(PackFlatPlan) == 112, "two lines of the parameter bank");
 // False when the pack does not qualify (then plan_pack_qkv's engine runs).
 bool plan_pack_flat(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k, const TensorArg& v,
                     const TensorArg& out, PackFlatPlan& plan);
-// Where output vector i (< plan.total) is read: tensor `which` (0 q, 1 k,
-// 2 v), byte offset `from`. Shared by the kernel and the host tests.
-ATTNPREP_HD void pack_flat_source(const PackFlatPlan& p, uint32_t i, int& which, int64_t& from) {
-  const uint32_t row = p.by_row3.div(i);               // output row: (destination, token, local head)
+// Whether a flat pack of `total` vectors walks its inputs in order (at and
+// above CopyCudaPolicy::small_below vectors) rather than its output.
+inline bool pack_flat_walks_inputs(int64_t total) { return total >= CopyCudaPolicy::small_below; }
+// Step i (< plan.total) of the walk in input order (kInputOrder) or output
+// order: the vector read from tensor `which` (0 q, 1 k, 2 v) at byte offset
+// `from` goes to output vector `to`. Shared by the kernel and the host tests.
+template <bool kInputOrder>
+ATTNPREP_HD void pack_flat_step(const PackFlatPlan& p, uint32_t i, int& which, int64_t& from, uint32_t& to) {
+  const uint32_t row = p.by_row3.div(i);               // (t, local head)
   const uint32_t c = i - row * p.by_row3.divisor;      // vector within the row's q | k | v
   const uint32_t seg = p.by_seg.div(c);
   const uint32_t e = c - seg * p.by_seg.divisor;
-  const uint32_t t = p.by_local.div(row);              // (destination, token)
+  const uint32_t t = p.by_local.div(row);              // (destination, token) or (token, destination)
   const uint32_t h = row - t * p.by_local.divisor;
-  const uint32_t d = p.by_rows.div(t);
-  const uint32_t r = t - d * p.by_rows.divisor;
+  const uint32_t outer = p.by_inner.div(t);
+  const uint32_t inner = t - outer * p.by_inner.divisor;
+  const uint32_t d = kInputOrder ? inner : outer;
+  const uint32_t r = kInputOrder ? outer : inner;
   which = static_cast<int>(seg);
   from = int64_t{r} * p.row_stride[which] + (int64_t{d} * p.by_local.divisor + h) * p.head_stride[which] +
          int64_t{e} * 16;
+  // under total < 2^31
+  to = kInputOrder ? ((d * static_cast<uint32_t>(p.rows) + r) * p.by_local.divisor + h) * p.by_row3.divisor + c : i;
 }
 
 // Internal variant for the Ulysses layer (grouped-query attention, and MHA

@@ -105,11 +105,17 @@ struct CopyCudaPolicy {
   // the GPU.
   static constexpr int32_t small_threads = 256;
   static constexpr int64_t small_below = int64_t{1} << 18;
-  // The flat pack pass (core::PackFlatPlan, the small packs): one vector per
+  // The flat pack pass over a small pack (core::PackFlatPlan): one vector per
   // thread in blocks of this many. Smaller blocks (more of them, spread over
   // more multiprocessors) do not shorten a small call alone and replay
   // slower, the more so the more blocks each multiprocessor then holds.
   static constexpr int32_t flat_threads = 256;
+  // The flat pack pass over a large pack (walked in input order): blocks of
+  // 128 threads, one vector each, as Inductor launches the same pack; it
+  // matches or passes the engine's 512 x 4 there once launched without PDL
+  // (a launch with PDL costs every block its two griddepcontrol
+  // instructions, a fifth of a one-vector block's time).
+  static constexpr int32_t flat_input_threads = 128;
 };
 
 // How the CUDA kernel is launched for a plan. A large copy's blocks

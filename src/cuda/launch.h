@@ -49,24 +49,42 @@ void set_pdl_mode(int mode);
 // runtime cannot say.
 int multiprocessors_on_current_device();
 
-// Launches `kernel` and returns the launch status; a failed launch leaves no
-// pending error behind for the next CUDA call on this thread to trip over.
+namespace detail {
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                   Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.stream = stream;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  if (pdl_on_current_device()) {
-    config.attrs = pdl;
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  if (pdl) {
+    config.attrs = attrs;
     config.numAttrs = 1;
   }
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (err != cudaSuccess) (void)cudaGetLastError();
   return err;
+}
+}  // namespace detail
+
+// Launches `kernel` (with PDL where on) and returns the launch status; a
+// failed launch leaves no pending error behind for the next CUDA call on
+// this thread to trip over.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  return detail::launch(kernel, grid, block, stream, pdl_on_current_device(), std::forward<Args>(args)...);
+}
+
+// The same without PDL, for a kernel that neither waits nor lets the next
+// start (it is ordered after the kernel before it, as any plain launch):
+// one whose many short blocks would each pay for the two instructions.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel_without_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                                      Args&&... args) {
+  return detail::launch(kernel, grid, block, stream, false, std::forward<Args>(args)...);
 }
 
 }  // namespace attnprep::cuda

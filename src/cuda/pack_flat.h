@@ -1,4 +1,4 @@
-// CUDA launcher of a small pack walked in output order (core::PackFlatPlan).
+// CUDA launcher of a pack walked as one flat run of vectors (core::PackFlatPlan).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,5 +1,6 @@
 #include "cuda/strided_copy.h"
 
+#include "cuda/copy_loads.cuh"
 #include "cuda/launch.h"
 
 #include <cstdint>
@@ -16,23 +17,6 @@ template <bool kSmall>
 constexpr int kThreads = kSmall ? CopyCudaPolicy::small_threads : CopyCudaPolicy::large_threads;
 template <bool kSmall>
 constexpr int kVectors = kSmall ? 1 : CopyCudaPolicy::large_vectors_per_thread;
-
-// A read-only load of V; 16-byte loads of a large copy with an L2 evict-last
-// policy (CopyCudaPolicy::large_loads_evict_last).
-template <typename V, bool kEvictLast>
-__device__ __forceinline__ V load(const V* p) {
-  if constexpr (kEvictLast && sizeof(V) == 16) {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-    V v;
-    asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(policy));
-    return v;
-  } else {
-    return __ldg(p);
-  }
-}
 
 // One block copies kThreads * kVectors consecutive vectors of one job; the
 // launch geometry (which block serves which job) is core::plan_copy_cuda_launch's.

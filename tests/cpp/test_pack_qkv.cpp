@@ -127,20 +127,29 @@ void pack_matches(int64_t rows, int64_t heads, int64_t dim, int64_t world, DType
                            " dim=" + std::to_string(dim) + " world=" + std::to_string(world);
   if (std::memcmp(got.data, want.data, n) != 0)
     test::fail(__FILE__, __LINE__, "pack mismatch " + what + " vec=" + std::to_string(plan.vec_bytes));
-  // the small path in output order, where it applies, over a fresh poisoned output
+  // the flat pass where it applies, walked in both orders, each over a fresh poisoned output
   PackFlatPlan flat;
   const bool aligned16 = (dim * es) % 16 == 0 && misalign_elems == 0;
   if (plan_pack_flat(shape, q, k, v, got, flat) != (aligned16 && n > 0))
     test::fail(__FILE__, __LINE__, "flat plan " + what);
   if (aligned16 && n > 0) {
-    for (auto& b : bg.bytes) b = 0xA5;  // poisoned again
-    for (int64_t i = 0; i < flat.total; ++i) {
-      int which;
-      int64_t from;
-      pack_flat_source(flat, static_cast<uint32_t>(i), which, from);
-      std::memcpy(flat.out + i * 16, flat.src[which] + from, 16);
+    for (bool input_order : {false, true}) {
+      // the divisor that splits (destination, token) is the walk's choice
+      flat.by_inner = FastDivmod(static_cast<uint32_t>(input_order ? world : rows));
+      for (auto& b : bg.bytes) b = 0xA5;  // poisoned again
+      for (int64_t i = 0; i < flat.total; ++i) {
+        int which;
+        int64_t from;
+        uint32_t to;
+        if (input_order)
+          pack_flat_step<true>(flat, static_cast<uint32_t>(i), which, from, to);
+        else
+          pack_flat_step<false>(flat, static_cast<uint32_t>(i), which, from, to);
+        std::memcpy(flat.out + int64_t{to} * 16, flat.src[which] + from, 16);
+      }
+      if (std::memcmp(got.data, want.data, n) != 0)
+        test::fail(__FILE__, __LINE__, "flat pack mismatch " + what + (input_order ? " input order" : ""));
     }
-    if (std::memcmp(got.data, want.data, n) != 0) test::fail(__FILE__, __LINE__, "flat pack mismatch " + what);
   }
 }
 }  // namespace
@@ -172,12 +181,14 @@ TEST_CASE("plan picks 16-byte vectors when everything is aligned, narrower other
   CHECK_EQ(plan_pack_qkv(s, q, q, q, out).index_bits, 32);
 }
 
-TEST_CASE("the small path in output order: small packs of 16-byte rows only") {
+TEST_CASE("the flat path: packs of 16-byte rows under 2^31 vectors, small ones in output order") {
   auto q = make({65, 8, 128});
   auto out = make({8, 65, 1, 384});
   PackFlatPlan flat;
   CHECK(plan_pack_flat(check_pack_qkv_inputs(q, q, q, 8), q, q, q, out, flat));
   CHECK_EQ(flat.total, 8 * 65 * 3 * 16);
+  CHECK_EQ(flat.rows, 65);
+  CHECK_EQ(flat.by_inner.divisor, uint32_t{65});  // output order: (destination, token)
   auto odd = q;
   odd.data = static_cast<unsigned char*>(q.data) + 2;  // one bf16 element off
   CHECK(!plan_pack_flat(check_pack_qkv_inputs(q, q, q, 8), odd, q, q, out, flat));
@@ -191,19 +202,41 @@ TEST_CASE("the small path in output order: small packs of 16-byte rows only") {
   far.strides[0] = (int64_t{1} << 30) - 1024;  // just within
   CHECK(plan_pack_flat(check_pack_qkv_inputs(far, q, q, 8), far, q, q, out, flat));
   CHECK_EQ(flat.row_stride[0], int32_t{INT32_MAX - 2047});
-  // as large as the engine's small path and no larger
+  // output order up to the engine's small path, input order from there
   const int64_t rows = CopyCudaPolicy::small_below / (3 * 8 * 16) + 1;  // 8 destinations, 3 segments of 16 vectors
   auto big = make({rows, 8, 128});
   auto big_out = make({8, rows, 1, 384});
-  CHECK(!plan_pack_flat(check_pack_qkv_inputs(big, big, big, 8), big, big, big, big_out, flat));
+  CHECK(plan_pack_flat(check_pack_qkv_inputs(big, big, big, 8), big, big, big, big_out, flat));
+  CHECK(pack_flat_walks_inputs(flat.total));
+  CHECK_EQ(flat.by_inner.divisor, uint32_t{8});  // input order: (token, destination)
   auto below = make({rows - 1, 8, 128});
   auto below_out = make({8, rows - 1, 1, 384});
   CHECK(plan_pack_flat(check_pack_qkv_inputs(below, below, below, 8), below, below, below, below_out, flat));
+  CHECK(!pack_flat_walks_inputs(flat.total));
+  CHECK_EQ(flat.by_inner.divisor, uint32_t(rows - 1));
   CHECK(plan_copy_cuda_launch(plan_pack_qkv(check_pack_qkv_inputs(big, big, big, 8), big, big, big, big_out)).small ==
         false);
   CHECK(plan_copy_cuda_launch(
             plan_pack_qkv(check_pack_qkv_inputs(below, below, below, 8), below, below, below, below_out))
             .small);
+  // under 2^31 vectors and no more (tensors never touched): 8 heads of 128
+  // bf16 to 8 destinations are 384 vectors per token row
+  const int64_t last = (int64_t{1} << 31) / 384;  // 2^31 - 128 vectors
+  auto most = make({last, 8, 128});
+  auto most_out = make({8, last, 1, 384});
+  CHECK(plan_pack_flat(check_pack_qkv_inputs(most, most, most, 8), most, most, most, most_out, flat));
+  CHECK_EQ(int64_t{flat.total}, last * 384);
+  // the walk's last step reads the last vector of v and writes the output's last
+  int which;
+  int64_t from;
+  uint32_t to;
+  pack_flat_step<true>(flat, static_cast<uint32_t>(flat.total - 1), which, from, to);
+  CHECK_EQ(which, 2);
+  CHECK_EQ(from, (last * 8 * 128 - 8) * 2);
+  CHECK_EQ(int64_t{to}, int64_t{flat.total} - 1);
+  auto over = make({last + 1, 8, 128});
+  auto over_out = make({8, last + 1, 1, 384});
+  CHECK(!plan_pack_flat(check_pack_qkv_inputs(over, over, over, 8), over, over, over, over_out, flat));
 }
 
 TEST_CASE("plan switches to 64-bit indexing past 2^31 vectors") {
