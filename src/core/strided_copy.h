@@ -90,11 +90,15 @@ StridedCopyPlan plan_strided_copy(const CopyJob* jobs, int njobs);
 // The CUDA copy kernel's tuning, in one place (docs/performance-notes.md has
 // the measurements behind each value and the alternatives that lost).
 struct CopyCudaPolicy {
-  // A large copy: blocks of 512 threads, each thread issuing the loads of 4
-  // vectors before their stores (two blocks per multiprocessor at the
-  // kernel's register count: enough bytes in flight without crowding DRAM).
-  static constexpr int32_t large_threads = 512;
-  static constexpr int32_t large_vectors_per_thread = 4;
+  // A large copy: blocks of 128 threads, one vector each, launched without
+  // PDL and without its two griddepcontrol instructions (which would cost
+  // such short blocks a fifth of their time). Many small blocks keep more
+  // warps' loads in flight than 512 threads x 4 vectors launched with PDL,
+  // which they beat by up to 1 point of copy (usp_merge_heads) and match or
+  // beat on pack (the flat pass's launch shape too: flat_input_threads).
+  static constexpr int32_t large_threads = 128;
+  static constexpr int32_t large_vectors_per_thread = 1;
+  static constexpr bool large_with_pdl = false;
   // A large copy's 16-byte loads carry an L2 evict-last cache policy, so its
   // freshly written output lines, not the lines being read, are what L2
   // evicts first (Inductor's generated copies load the same way).
@@ -110,12 +114,10 @@ struct CopyCudaPolicy {
   // more multiprocessors) do not shorten a small call alone and replay
   // slower, the more so the more blocks each multiprocessor then holds.
   static constexpr int32_t flat_threads = 256;
-  // The flat pack pass over a large pack (walked in input order): blocks of
-  // 128 threads, one vector each, as Inductor launches the same pack; it
-  // matches or passes the engine's 512 x 4 there once launched without PDL
-  // (a launch with PDL costs every block its two griddepcontrol
-  // instructions, a fifth of a one-vector block's time).
-  static constexpr int32_t flat_input_threads = 128;
+  // The flat pack pass over a large pack (walked in input order): the
+  // large copies' launch shape and launch (128 threads, one vector each,
+  // without PDL), as Inductor launches the same pack.
+  static constexpr int32_t flat_input_threads = large_threads;
 };
 
 // How the CUDA kernel is launched for a plan. A large copy's blocks

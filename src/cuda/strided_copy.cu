@@ -23,10 +23,11 @@ constexpr int kVectors = kSmall ? 1 : CopyCudaPolicy::large_vectors_per_thread;
 template <typename V, bool Index32, bool kSmall>
 __global__ void __launch_bounds__(kThreads<kSmall>) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
   constexpr int kT = kThreads<kSmall>, kU = kVectors<kSmall>;
+  constexpr bool kPdl = kSmall || CopyCudaPolicy::large_with_pdl;
   // Let the next kernel on the stream be scheduled right away: its blocks
   // then read their parameters while this one copies, which is most of what
   // a small call costs.
-  let_next_kernel_start();
+  if constexpr (kPdl) let_next_kernel_start();
   const unsigned njobs = kSmall ? 1u : static_cast<unsigned>(plan.njobs);
   const CopyJobPlan& job = plan.jobs[kSmall ? blockIdx.y : blockIdx.x % njobs];
   const int64_t chunk = blockIdx.x / njobs;
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(kThreads<kSmall>) strided_copy_kernel(const __
   // only, so with PDL it overlaps the kernel before); a large copy places
   // each vector just before its load, which keeps fewer registers live.
   if constexpr (kSmall) locate(0);
-  wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
+  if constexpr (kPdl) wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
   V value[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
@@ -67,8 +68,9 @@ template <typename V, bool kSmall>
 cudaError_t launch_sized(const StridedCopyPlan& plan, const CopyCudaLaunch& l, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(l.grid_x), static_cast<unsigned>(l.grid_y));
   const dim3 block(kThreads<kSmall>);
-  if (plan.index_bits == 32) return launch_kernel(strided_copy_kernel<V, true, kSmall>, grid, block, stream, plan);
-  return launch_kernel(strided_copy_kernel<V, false, kSmall>, grid, block, stream, plan);
+  const auto kernel = plan.index_bits == 32 ? strided_copy_kernel<V, true, kSmall> : strided_copy_kernel<V, false, kSmall>;
+  if (kSmall || CopyCudaPolicy::large_with_pdl) return launch_kernel(kernel, grid, block, stream, plan);
+  return launch_kernel_without_pdl(kernel, grid, block, stream, plan);
 }
 
 template <typename V>
@@ -81,7 +83,7 @@ cudaError_t launch(const StridedCopyPlan& plan, const CopyCudaLaunch& l, cudaStr
 cudaError_t strided_copy(const StridedCopyPlan& plan, cudaStream_t stream) {
   const CopyCudaLaunch l = core::plan_copy_cuda_launch(plan);
   if (l.grid_x == 0) return cudaSuccess;
-  // grid.x is limited to 2^31 - 1 blocks: 3 jobs of 2^39 vectors, far past any tensor.
+  // grid.x is limited to 2^31 - 1 blocks: 3 jobs of 2^36 vectors (1 TiB each), far past any tensor.
   if (l.grid_x >= (int64_t{1} << 31) || l.threads != (l.small ? kThreads<true> : kThreads<false>))
     return cudaErrorInvalidConfiguration;
   switch (plan.vec_bytes) {
