@@ -17,17 +17,18 @@ template <bool kSmall>
 constexpr int kThreads = kSmall ? CopyCudaPolicy::small_threads : CopyCudaPolicy::large_threads;
 template <bool kSmall>
 constexpr int kVectors = kSmall ? 1 : CopyCudaPolicy::large_vectors_per_thread;
+template <bool kSmall>
+constexpr bool kPdl = kSmall || CopyCudaPolicy::large_with_pdl;
 
 // One block copies kThreads * kVectors consecutive vectors of one job; the
 // launch geometry (which block serves which job) is core::plan_copy_cuda_launch's.
 template <typename V, bool Index32, bool kSmall>
 __global__ void __launch_bounds__(kThreads<kSmall>) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
   constexpr int kT = kThreads<kSmall>, kU = kVectors<kSmall>;
-  constexpr bool kPdl = kSmall || CopyCudaPolicy::large_with_pdl;
   // Let the next kernel on the stream be scheduled right away: its blocks
   // then read their parameters while this one copies, which is most of what
   // a small call costs.
-  if constexpr (kPdl) let_next_kernel_start();
+  if constexpr (kPdl<kSmall>) let_next_kernel_start();
   const unsigned njobs = kSmall ? 1u : static_cast<unsigned>(plan.njobs);
   const CopyJobPlan& job = plan.jobs[kSmall ? blockIdx.y : blockIdx.x % njobs];
   const int64_t chunk = blockIdx.x / njobs;
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(kThreads<kSmall>) strided_copy_kernel(const __
   // only, so with PDL it overlaps the kernel before); a large copy places
   // each vector just before its load, which keeps fewer registers live.
   if constexpr (kSmall) locate(0);
-  if constexpr (kPdl) wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
+  if constexpr (kPdl<kSmall>) wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
   V value[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
@@ -69,7 +70,7 @@ cudaError_t launch_sized(const StridedCopyPlan& plan, const CopyCudaLaunch& l, c
   const dim3 grid(static_cast<unsigned>(l.grid_x), static_cast<unsigned>(l.grid_y));
   const dim3 block(kThreads<kSmall>);
   const auto kernel = plan.index_bits == 32 ? strided_copy_kernel<V, true, kSmall> : strided_copy_kernel<V, false, kSmall>;
-  if (kSmall || CopyCudaPolicy::large_with_pdl) return launch_kernel(kernel, grid, block, stream, plan);
+  if constexpr (kPdl<kSmall>) return launch_kernel(kernel, grid, block, stream, plan);
   return launch_kernel_without_pdl(kernel, grid, block, stream, plan);
 }
 
