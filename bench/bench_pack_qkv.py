@@ -8,7 +8,8 @@ rotated when one fits in L2), GB/s (q, k, v read once, the output written
 once) and % of a device-to-device copy of the same bytes; beside it the
 fastest plain-PyTorch formulation eager and under torch.compile (compiled per
 shape, static; bench/peers.py lists the formulations tried) and a Triton
-kernel of the kind servers ship. Then CUDA-graph replay per call at small
+kernel of the kind servers ship, every one of them, attnprep and the copy
+timed call by call in one interleaved loop (common.median_ms_interleaved). Then CUDA-graph replay per call at small
 row counts (20 calls per graph) with PDL on and off against an empty kernel,
 and host time per call at rows = 1 on each path.
 """
@@ -42,15 +43,9 @@ def inputs(rows, heads, dim, fused, dtype=torch.bfloat16):
     return tuple(torch.randn(rows, heads, dim, device="cuda", dtype=dtype) for _ in range(3))
 
 
-def fastest(sets, world, fns, iters):
-    """(name, ms) of the fastest of `fns` on these inputs, each checked first."""
-    best = ("", float("inf"))
-    for name, fn in fns.items():
-        for s in sets:
-            peers.check(fn(*s, world), pack_reference(*s, world), name)
-        t = common.median_ms([lambda s=s: fn(*s, world) for s in sets], iters)
-        best = min(best, (name, t), key=lambda x: x[1])
-    return best
+def fastest(names, times):
+    """(name, ms) of the fastest formulation of a family."""
+    return min(zip(names, times), key=lambda x: x[1])
 
 
 def run(quick: bool = False, with_peers: bool = True):
@@ -64,15 +59,28 @@ def run(quick: bool = False, with_peers: bool = True):
         for (q, k, v), o in zip(sets, outs):  # correctness first, on this data
             attnprep.pack_qkv_destination_major(q, k, v, world, out=o)
             assert torch.equal(o, pack_reference(q, k, v, world)), "pack mismatch"
-        t_ours = common.median_ms([lambda s=s, o=o: attnprep.pack_qkv_destination_major(*s, world, out=o)
-                                   for s, o in zip(sets, outs)], iters)
-        t_copy = common.copy_ms(nbytes // 2, iters)
+        families = {}
+        if with_peers:
+            families = {"eager": dict(peers.PACK_FORMULATIONS),
+                        "compiled": {name: peers.compiled_static(fn, *sets[0], world)
+                                     for name, fn in peers.PACK_FORMULATIONS.items()},
+                        "triton": {"triton": peers.triton_pack} if peers.triton else {}}
+            for fns in families.values():
+                for name, fn in fns.items():
+                    for s in sets:
+                        peers.check(fn(*s, world), pack_reference(*s, world), name)
+        # Every contender in one interleaved loop (common.median_ms_interleaved says why).
+        contenders = [[lambda s=s, o=o: attnprep.pack_qkv_destination_major(*s, world, out=o)
+                       for s, o in zip(sets, outs)], common.copy_fns(nbytes // 2)]
+        contenders += [[lambda s=s, fn=fn: fn(*s, world) for s in sets]
+                       for fns in families.values() for fn in fns.values()]
+        times = common.median_ms_interleaved(contenders, iters)
+        t_ours, t_copy, rest = times[0], times[1], iter(times[2:])
         row = [f"({rows}, {heads}, {dim}, {world}){' fused' if fused else ''}", t_ours * 1e3, 100 * t_copy / t_ours]
         if with_peers:
-            eager = fastest(sets, world, peers.PACK_FORMULATIONS, iters)
-            compiled = {name: peers.compiled_static(fn, *sets[0], world) for name, fn in peers.PACK_FORMULATIONS.items()}
-            comp = fastest(sets, world, compiled, iters)
-            tri = fastest(sets, world, {"triton": peers.triton_pack}, iters) if peers.triton else ("", float("nan"))
+            best_of = {f: fastest(list(fns), [next(rest) for _ in fns]) if fns else ("", float("nan"))
+                       for f, fns in families.items()}
+            eager, comp, tri = best_of["eager"], best_of["compiled"], best_of["triton"]
             best_peer = min(comp[1], tri[1], eager[1])
             row += [comp[1] * 1e3, 100 * t_copy / comp[1], comp[0], tri[1] * 1e3, 100 * t_copy / tri[1],
                     eager[1] * 1e3, 100 * t_copy / eager[1], eager[0], best_peer / t_ours]

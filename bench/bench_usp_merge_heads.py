@@ -4,7 +4,8 @@
 
 Per shape, in one run: median kernel time, % of a device copy of the same
 bytes, the fastest plain-PyTorch formulation eager and compiled per shape
-(static), and the Triton peer.
+(static), and the Triton peer; attnprep, the copy and every formulation
+timed call by call in one interleaved loop (common.median_ms_interleaved).
 """
 
 from __future__ import annotations
@@ -22,14 +23,9 @@ from attnprep.testing import merge_reference
 SHAPES = [(8, 8192, 1, 3, 128), (8, 4096, 1, 7, 128), (4, 16384, 2, 10, 128), (2, 20992, 1, 28, 128)]
 
 
-def fastest(xs, fns, iters):
-    best = ("", float("inf"))
-    for name, fn in fns.items():
-        for x in xs:
-            peers.check(fn(x), merge_reference(x), name)
-        t = common.median_ms([lambda x=x: fn(x) for x in xs], iters)
-        best = min(best, (name, t), key=lambda b: b[1])
-    return best
+def fastest(names, times):
+    """(name, ms) of the fastest formulation of a family."""
+    return min(zip(names, times), key=lambda b: b[1])
 
 
 def run(quick: bool = False):
@@ -41,11 +37,21 @@ def run(quick: bool = False):
         xs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(common.sets_needed(nbytes))]
         for x in xs:
             assert torch.equal(attnprep.usp_merge_heads(x), merge_reference(x)), "merge mismatch"
-        t = common.median_ms([lambda x=x: attnprep.usp_merge_heads(x) for x in xs], iters)
-        eager = fastest(xs, peers.MERGE_FORMULATIONS, iters)
-        comp = fastest(xs, {k: peers.compiled_static(f, xs[0]) for k, f in peers.MERGE_FORMULATIONS.items()}, iters)
-        tri = fastest(xs, {"triton": peers.triton_merge}, iters) if peers.triton else ("", float("nan"))
-        tcopy = common.copy_ms(n * 2, iters)
+        families = {"eager": dict(peers.MERGE_FORMULATIONS),
+                    "compiled": {k: peers.compiled_static(f, xs[0]) for k, f in peers.MERGE_FORMULATIONS.items()},
+                    "triton": {"triton": peers.triton_merge} if peers.triton else {}}
+        for fns in families.values():
+            for name, fn in fns.items():
+                for x in xs:
+                    peers.check(fn(x), merge_reference(x), name)
+        # Every contender in one interleaved loop (common.median_ms_interleaved says why).
+        contenders = [[lambda x=x: attnprep.usp_merge_heads(x) for x in xs], common.copy_fns(n * 2)]
+        contenders += [[lambda x=x, fn=fn: fn(x) for x in xs] for fns in families.values() for fn in fns.values()]
+        times = common.median_ms_interleaved(contenders, iters)
+        t, tcopy, rest = times[0], times[1], iter(times[2:])
+        best_of = {f: fastest(list(fns), [next(rest) for _ in fns]) if fns else ("", float("nan"))
+                   for f, fns in families.items()}
+        eager, comp, tri = best_of["eager"], best_of["compiled"], best_of["triton"]
         best = min(comp[1], tri[1], eager[1])
         rows.append([str(shape), t * 1e3, 100 * tcopy / t, comp[1] * 1e3, 100 * tcopy / comp[1], comp[0],
                      tri[1] * 1e3, 100 * tcopy / tri[1], eager[1] * 1e3, 100 * tcopy / eager[1], best / t])

@@ -11,6 +11,7 @@ as wall time per call over many calls without a sync.
 from __future__ import annotations
 
 import contextlib
+import random
 import statistics
 import time
 from typing import Callable, Iterator, Sequence
@@ -51,14 +52,57 @@ def median_ms(fns: Sequence[Callable[[], object]], iters: int = 50, warmup: int 
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def copy_ms(nbytes: int, iters: int = 50) -> float:
-    """Median time of a device-to-device copy that reads and writes `nbytes` each."""
+def median_ms_interleaved(contenders: Sequence[Sequence[Callable[[], object]]], iters: int = 50,
+                          warmup: int = 5, seed: int = 0) -> list[float]:
+    """Median device time of one call of each contender (a list of calls, as
+    median_ms takes), all timed in one loop: each round times one call of
+    every contender, in a shuffled order, each call behind the spin kernel;
+    the k-th call of the loop is call k of its contender's list, so that
+    consecutive calls use different input sets.
+
+    Timed one contender after another instead (median_ms in turn), a large
+    copy's time alone moved by up to 2.5% with the measurement before it:
+    the same kernel timed eight times in a row alternated between two values
+    (what the previous calls' evict-last loads left in L2;
+    docs/performance-notes.md, copy engine), so two contenders timed in turn
+    could each land on either value. Interleaved, every contender sees the
+    same mix of predecessors."""
+    for i in range(warmup):
+        for fns in contenders:
+            fns[i % len(fns)]()
+    torch.cuda.synchronize()
+    order = list(range(len(contenders)))
+    rng = random.Random(seed)
+    timed: list[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = [[] for _ in contenders]
+    k = 0
+    for _ in range(iters):
+        rng.shuffle(order)
+        for c in order:
+            fns = contenders[c]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(SPIN_CYCLES)
+            start.record()
+            fns[k % len(fns)]()
+            end.record()
+            timed[c].append((start, end))
+            k += 1
+    torch.cuda.synchronize()
+    return [statistics.median(s.elapsed_time(e) for s, e in pairs) for pairs in timed]
+
+
+def copy_fns(nbytes: int) -> list[Callable[[], object]]:
+    """Device-to-device copies that read and write `nbytes` each, over enough
+    buffer pairs to rotate as sets_needed asks."""
     n = max(nbytes // 2, 1)
     sets = sets_needed(2 * nbytes)
     src = [torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_() for _ in range(sets)]
     dst = [torch.empty_like(s) for s in src]
-    fns = [lambda s=s, d=d: d.copy_(s) for s, d in zip(src, dst)]
-    return median_ms(fns, iters)
+    return [lambda s=s, d=d: d.copy_(s) for s, d in zip(src, dst)]
+
+
+def copy_ms(nbytes: int, iters: int = 50) -> float:
+    """Median time of a device-to-device copy that reads and writes `nbytes` each."""
+    return median_ms(copy_fns(nbytes), iters)
 
 
 def graph_replay_us(fn: Callable[[], object], calls: int = 20, replays: int = 200) -> float:

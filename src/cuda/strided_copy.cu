@@ -22,16 +22,20 @@ constexpr bool kPdl = kSmall || CopyCudaPolicy::large_with_pdl;
 
 // One block copies kThreads * kVectors consecutive vectors of one job; the
 // launch geometry (which block serves which job) is core::plan_copy_cuda_launch's.
-template <typename V, bool Index32, bool kSmall>
+// kOneJob: a large copy of one job (usp_merge_heads, the wire's copies) reads
+// its parameters at fixed offsets, folded into the instructions that use
+// them, instead of through indexed parameter loads behind a division of the
+// block index by the job count.
+template <typename V, bool Index32, bool kSmall, bool kOneJob>
 __global__ void __launch_bounds__(kThreads<kSmall>) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
   constexpr int kT = kThreads<kSmall>, kU = kVectors<kSmall>;
   // Let the next kernel on the stream be scheduled right away: its blocks
   // then read their parameters while this one copies, which is most of what
   // a small call costs.
   if constexpr (kPdl<kSmall>) let_next_kernel_start();
-  const unsigned njobs = kSmall ? 1u : static_cast<unsigned>(plan.njobs);
-  const CopyJobPlan& job = plan.jobs[kSmall ? blockIdx.y : blockIdx.x % njobs];
-  const int64_t chunk = blockIdx.x / njobs;
+  const unsigned njobs = kSmall || kOneJob ? 1u : static_cast<unsigned>(plan.njobs);
+  const CopyJobPlan& job = plan.jobs[kSmall ? blockIdx.y : kOneJob ? 0u : blockIdx.x % njobs];
+  const int64_t chunk = kOneJob ? blockIdx.x : blockIdx.x / njobs;
   const int64_t base = chunk * (kT * kU) + threadIdx.x;
   const unsigned char* src[kU];
   unsigned char* dst[kU];
@@ -69,7 +73,11 @@ template <typename V, bool kSmall>
 cudaError_t launch_sized(const StridedCopyPlan& plan, const CopyCudaLaunch& l, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(l.grid_x), static_cast<unsigned>(l.grid_y));
   const dim3 block(kThreads<kSmall>);
-  const auto kernel = plan.index_bits == 32 ? strided_copy_kernel<V, true, kSmall> : strided_copy_kernel<V, false, kSmall>;
+  const bool one = !kSmall && plan.njobs == 1;
+  const auto kernel = plan.index_bits == 32 ? (one ? strided_copy_kernel<V, true, kSmall, !kSmall>
+                                                   : strided_copy_kernel<V, true, kSmall, false>)
+                                            : (one ? strided_copy_kernel<V, false, kSmall, !kSmall>
+                                                   : strided_copy_kernel<V, false, kSmall, false>);
   if constexpr (kPdl<kSmall>) return launch_kernel(kernel, grid, block, stream, plan);
   return launch_kernel_without_pdl(kernel, grid, block, stream, plan);
 }
