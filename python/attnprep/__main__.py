@@ -88,16 +88,18 @@ def _short_benchmark():
     q, k, v = (t.view(32768, 24, 128) for t in qkv.split(24 * 128, 1))
     out = torch.empty(8, 32768, 3, 384, device="cuda", dtype=torch.bfloat16)
     nbytes = 2 * out.numel() * 2
-    t = _bench.median_ms([lambda: attnprep.pack_qkv_destination_major(q, k, v, 8, out=out)], 20)
-    te = _bench.median_ms([lambda: torch.cat([q, k, v], -1).view(32768, 8, 3, 384).transpose(0, 1).contiguous()], 20)
-    tc = _bench.copy_ms(nbytes // 2, 20)
+    # Each op, its copy and its eager form timed call by call in one loop
+    # (_bench.median_ms_interleaved says why).
+    t, tc, te = _bench.median_ms_interleaved(
+        [[lambda: attnprep.pack_qkv_destination_major(q, k, v, 8, out=out)], _bench.copy_fns(nbytes // 2),
+         [lambda: torch.cat([q, k, v], -1).view(32768, 8, 3, 384).transpose(0, 1).contiguous()]], 20)
     rows.append(["pack_qkv_destination_major (32768, 24, 128, 8)", t * 1e3, _bench.gbps(nbytes, t),
                  100 * tc / t, te * 1e3])
     x = torch.randn(8, 8192, 1, 3, 128, device="cuda", dtype=torch.bfloat16)
     nbytes = 2 * x.numel() * 2
-    t = _bench.median_ms([lambda: attnprep.usp_merge_heads(x)], 20)
-    te = _bench.median_ms([lambda: x.permute(2, 1, 0, 3, 4).contiguous()], 20)
-    tc = _bench.copy_ms(nbytes // 2, 20)
+    t, tc, te = _bench.median_ms_interleaved(
+        [[lambda: attnprep.usp_merge_heads(x)], _bench.copy_fns(nbytes // 2),
+         [lambda: x.permute(2, 1, 0, 3, 4).contiguous()]], 20)
     rows.append(["usp_merge_heads (8, 8192, 1, 3, 128)", t * 1e3, _bench.gbps(nbytes, t), 100 * tc / t, te * 1e3])
     T = 8192
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -110,8 +112,9 @@ def _short_benchmark():
     v_pool = torch.empty_like(k_pool)
     kw = dict(head_dim=128, num_qo_heads=32, num_kv_heads=8, rope_base=10000.0)
     nbytes = T * (48 * 128 * 2 + 16) + T * 56 * 128 * 2
-    t = _bench.median_ms([lambda: attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, **kw)], 20)
-    tc = _bench.copy_ms(nbytes // 2, 20)
+    t, tc = _bench.median_ms_interleaved(
+        [[lambda: attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, **kw)],
+         _bench.copy_fns(nbytes // 2)], 20)
     rows.append(["rope_pool_fused (T 8192, 32/8 heads, 128)", t * 1e3, _bench.gbps(nbytes, t), 100 * tc / t, "-"])
     _bench.print_table(f"Short benchmark, bf16 ({_bench.environment()})",
                        ["op (shape)", "attnprep us", "GB/s", "% of copy", "eager PyTorch us"], rows)
