@@ -1,9 +1,11 @@
 """usp_merge_heads against the Triton peer of bench/peers.py, timed two ways
-in one process: each call alone (the benchmark's method, bench's median_ms:
-one call behind a spin kernel, CUDA events around it) and back to back under
-CUDA-graph replay (every input set once per replay, time per call). A gap
-that shows alone and not under replay lies at a call's start or end, not in
-its steady copy.
+in one process: each call alone (the benchmark's method: one call behind a
+spin kernel, CUDA events around it, the two ops' calls interleaved as
+common.median_ms_interleaved times them; timed one after the other, a
+median moves with the measurement before it: measure_history.py) and back
+to back under CUDA-graph replay (every input set once per replay, time per
+call). A gap that shows alone and not under replay lies at a call's start
+or end, not in its steady copy.
     python bench/diagnostics/merge_alone_replay.py   # on a GPU, after scripts/setup.sh"""
 
 import math
@@ -25,8 +27,8 @@ for shape in SHAPES:
     xs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(common.sets_needed(4 * n))]
     assert torch.equal(attnprep.usp_merge_heads(xs[0]), peers.triton_merge(xs[0]))
     for rep in range(2):
-        ev_a = common.median_ms([lambda x=x: attnprep.usp_merge_heads(x) for x in xs], 50)
-        ev_t = common.median_ms([lambda x=x: peers.triton_merge(x) for x in xs], 50)
+        ev_a, ev_t = common.median_ms_interleaved([[lambda x=x: attnprep.usp_merge_heads(x) for x in xs],
+                                                   [lambda x=x: peers.triton_merge(x) for x in xs]])
         g_a = common.graph_replay_us(lambda: [attnprep.usp_merge_heads(x) for x in xs], calls=4, replays=20) / len(xs)
         g_t = common.graph_replay_us(lambda: [peers.triton_merge(x) for x in xs], calls=4, replays=20) / len(xs)
         print(f"| {shape} | alone: attnprep {ev_a * 1e3:.2f} Triton {ev_t * 1e3:.2f} us (Triton / attnprep {ev_t / ev_a:.3f})"
