@@ -3,7 +3,8 @@ pool of 2^20 slots, random positions below 131072, random distinct slots).
 
     python bench/bench_rope_pool.py [--quick]
 
-Per T: median kernel time (CUDA events), effective GB/s (q, k, v, positions,
+Per T: median kernel time (CUDA events; attnprep, the copies and every peer
+of a row timed call by call in one interleaved loop), effective GB/s (q, k, v, positions,
 slots read once; q_rot, k_rot and the pool rows written once) and % of a
 device-to-device copy of the same bytes, measured in the same run; CUDA-graph
 replay per call for T <= 512 (20 calls back to back per graph), with
@@ -47,13 +48,21 @@ def cos_sin_cache():
     return attnprep.rope_cos_sin_cache(D, MAXPOS, BASE, device="cuda")
 
 
-def through_cache(call, sets, nbytes, T, iters, replay):
+def timed(contenders: dict, iters: int) -> dict:
+    """Median ms of each named contender (a list of calls over the input sets), all timed call by call in
+    one interleaved loop (common.median_ms_interleaved says why)."""
+    return dict(zip(contenders, common.median_ms_interleaved(list(contenders.values()), iters)))
+
+
+def cache_copy_fns(nbytes, T):
+    """A copy of the op's bytes plus the cos_sin_cache rows read (D float32 per token)."""
+    return common.copy_fns((nbytes + T * D * 4) // 2)
+
+
+def through_cache(call, sets, t, tcopy, replay):
     """attnprep reading cos/sin from cos_sin_cache, as vLLM and SGLang call it: [us, % of a copy
-    of the same bytes plus the table rows read (D float32 per token), graph replay us]."""
-    cache = cos_sin_cache()
-    t = common.median_ms([lambda s=s: call(s, cache) for s in sets], iters)
-    tcopy = common.copy_ms((nbytes + T * D * 4) // 2, iters)
-    graph = common.graph_replay_us(lambda: call(sets[0], cache)) if replay else float("nan")
+    of the same bytes plus the table rows read, graph replay us]."""
+    graph = common.graph_replay_us(lambda: call(sets[0], cos_sin_cache())) if replay else float("nan")
     return [t * 1e3, 100 * tcopy / t, graph]
 
 
@@ -61,12 +70,12 @@ CACHE_COLUMNS = ["cos_sin_cache us", "% of copy, cache", "graph replay, cache us
 TRITON_COLUMNS = ["Triton us", "Triton % of copy, cache", "Triton graph us", "Triton warps"]
 
 
-def triton_peer(sets, k_pool, v_pool, nbytes, T, iters, replay, check, norm=()):
-    """The Triton peer (bench/peers.py; cos/sin from cos_sin_cache, flat pools), checked on this data against
-    attnprep's `check(s, cache)` (q_rot, k_rot) within a bf16 ulp or two: [us, % of a copy of the same bytes
-    plus the table rows, graph replay us, the warps its autotuner chose]."""
+def triton_calls(sets, k_pool, v_pool, check, norm=()):
+    """The Triton peer's calls over the sets (bench/peers.py; cos/sin from cos_sin_cache, flat pools), each
+    checked first on this data against attnprep's `check(s, cache)` (q_rot, k_rot) within a bf16 ulp or two;
+    None without Triton."""
     if peers.triton is None:
-        return [float("nan")] * len(TRITON_COLUMNS)
+        return None
     cache = cos_sin_cache()
     for s in sets:
         got = peers.triton_rope_pool(*s, k_pool, v_pool, cache, *norm)
@@ -74,9 +83,14 @@ def triton_peer(sets, k_pool, v_pool, nbytes, T, iters, replay, check, norm=()):
         for g, want in zip(got, check(s, cache)):
             err = ((g.float() - want.float()).abs().max() / want.float().abs().max()).item()
             assert err < 2e-2, f"the Triton peer differs from attnprep by {err}"
-    t = common.median_ms([lambda s=s: peers.triton_rope_pool(*s, k_pool, v_pool, cache, *norm) for s in sets], iters)
-    tcopy = common.copy_ms((nbytes + T * D * 4) // 2, iters)
-    graph = common.graph_replay_us(lambda: peers.triton_rope_pool(*sets[0], k_pool, v_pool, cache, *norm)) \
+    return [lambda s=s: peers.triton_rope_pool(*s, k_pool, v_pool, cache, *norm) for s in sets]
+
+
+def triton_columns(sets, k_pool, v_pool, t, tcopy, replay, norm=()):
+    """[us, % of a copy of the same bytes plus the table rows, graph replay us, the warps its autotuner chose]."""
+    if t is None:
+        return [float("nan")] * len(TRITON_COLUMNS)
+    graph = common.graph_replay_us(lambda: peers.triton_rope_pool(*sets[0], k_pool, v_pool, cos_sin_cache(), *norm)) \
         if replay else float("nan")
     return [t * 1e3, 100 * tcopy / t, graph, peers.triton_rope_pool_warps()]
 
@@ -198,29 +212,41 @@ def run_norm(quick: bool = False, with_peers: bool = True, ts=None):
                         torch.randperm(POOL, device="cuda", generator=g)[:T])
 
             sets = [make() for _ in range(common.sets_needed(nbytes))]
-            t = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw) for s in sets], iters)
-            t_rope = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
-                                      iters)
-            tcopy = common.copy_ms(nbytes // 2, iters)
             small = T <= 128
+            calls = {"norm": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw) for s in sets],
+                     "rope": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
+                     "norm+cache": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw,
+                                                                         cos_sin_cache=cos_sin_cache())
+                                    for s in sets],
+                     "copy": common.copy_fns(nbytes // 2), "copy+cache": cache_copy_fns(nbytes, T)}
+            compiled = {}
+            if with_peers:
+                for name, (fn, norm) in NORM_PEERS.items():
+                    comp = peers.compiled_static(fn, *sets[0], k_pool, v_pool, freqs, wq, wk, 1e-6, norm)
+                    compiled[name] = (comp, norm)
+                    calls[name] = [lambda s=s, comp=comp, norm=norm: comp(*s, k_pool, v_pool, freqs, wq, wk, 1e-6, norm)
+                                   for s in sets]
+                tri_calls = triton_calls(
+                    sets, k_pool, v_pool,
+                    lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw, cos_sin_cache=c)[:2], (wq, wk))
+                if tri_calls is not None:
+                    calls["triton"] = tri_calls
+            ms = timed(calls, iters)
+            t, t_rope, tcopy = ms["norm"], ms["rope"], ms["copy"]
             graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **nkw)) \
                 if small else float("nan")
             graph_copy = common.copy_replay_us(nbytes // 2) if small else float("nan")
             cached = through_cache(lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw, cos_sin_cache=c),
-                                   sets, nbytes, T, iters, small)
+                                   sets, ms["norm+cache"], ms["copy+cache"], small)
             best, tc, graph_c = "-", float("nan"), float("nan")
-            if with_peers:
-                for name, (fn, norm) in NORM_PEERS.items():
-                    comp = peers.compiled_static(fn, *sets[0], k_pool, v_pool, freqs, wq, wk, 1e-6, norm)
-                    tn = common.median_ms([lambda s=s: comp(*s, k_pool, v_pool, freqs, wq, wk, 1e-6, norm)
-                                           for s in sets], iters)
+            for name, (comp, norm) in compiled.items():
+                tn = ms[name]
+                if not tn >= tc:  # the fastest formulation (tc starts as NaN)
                     gn = common.graph_replay_us(lambda: comp(*sets[0], k_pool, v_pool, freqs, wq, wk, 1e-6, norm)) \
                         if small else float("nan")
-                    if not tn >= tc:  # the fastest formulation (tc starts as NaN)
-                        best, tc, graph_c = name, tn, gn
-            tri = triton_peer(sets, k_pool, v_pool, nbytes, T, iters, small,
-                              lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw, cos_sin_cache=c)[:2],
-                              (wq, wk)) if with_peers else [float("nan")] * len(TRITON_COLUMNS)
+                    best, tc, graph_c = name, tn, gn
+            tri = triton_columns(sets, k_pool, v_pool, ms.get("triton"), ms["copy+cache"], small, (wq, wk)) \
+                if with_peers else [float("nan")] * len(TRITON_COLUMNS)
             rows.append([f"{hq}/{hkv}", T, t * 1e3, 100 * tcopy / t, t / t_rope, graph, graph_copy] + cached +
                         [best, tc * 1e3, graph_c, tc / t, graph_c / graph] + tri)
             print("norm row:", rows[-1], flush=True)  # progress (the table comes at the end)
@@ -254,14 +280,11 @@ def run_formats(quick: bool = False, with_peers: bool = True, ts=None):
             # q, k, v, positions, slots read once; q_rot, k_rot written; pool rows written at the pool's size
             nbytes = T * ((HQ + 2 * HKV) * D * 2 + 16) + T * (HQ + HKV) * D * 2 + T * 2 * HKV * D * pool_bytes
             sets = [case(T, g) for _ in range(common.sets_needed(nbytes))]
-            t = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets], iters)
-            tcopy = common.copy_ms(nbytes // 2, iters)
-            graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw)) \
-                if T <= 128 else float("nan")
-            graph_copy = common.copy_replay_us(nbytes // 2) if T <= 128 else float("nan")
-            cached = through_cache(lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c),
-                                   sets, nbytes, T, iters, T <= 128)
-            best, tc, graph_c = "-", float("nan"), float("nan")
+            calls = {"op": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
+                     "op+cache": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw,
+                                                                       cos_sin_cache=cos_sin_cache()) for s in sets],
+                     "copy": common.copy_fns(nbytes // 2), "copy+cache": cache_copy_fns(nbytes, T)}
+            compiled = {}
             if with_peers:
                 ks, vs = scales.get("k_scale"), scales.get("v_scale")
                 args = (k_pool, v_pool, freqs, layout, page, ks, vs)
@@ -282,10 +305,21 @@ def run_formats(quick: bool = False, with_peers: bool = True, ts=None):
                             got, ref = pl[at].view(pool_dtype).float(), w.view(pool_dtype).float()
                             assert not got.isnan().any(), f"{name} left pool rows unwritten"
                             assert torch.allclose(got, ref, rtol=tol, atol=tol * ref.abs().max()), name
-                    tn = common.median_ms([lambda s=s: comp(*s, *args) for s in sets], iters)
+                    compiled[name] = comp
+                    calls[name] = [lambda s=s, comp=comp: comp(*s, *args) for s in sets]
+            ms = timed(calls, iters)
+            t, tcopy = ms["op"], ms["copy"]
+            graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw)) \
+                if T <= 128 else float("nan")
+            graph_copy = common.copy_replay_us(nbytes // 2) if T <= 128 else float("nan")
+            cached = through_cache(lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c),
+                                   sets, ms["op+cache"], ms["copy+cache"], T <= 128)
+            best, tc, graph_c = "-", float("nan"), float("nan")
+            for name, comp in compiled.items():
+                tn = ms[name]
+                if not tn >= tc:  # the fastest formulation (tc starts as NaN)
                     gn = common.graph_replay_us(lambda: comp(*sets[0], *args)) if T <= 128 else float("nan")
-                    if not tn >= tc:  # the fastest formulation (tc starts as NaN)
-                        best, tc, graph_c = name, tn, gn
+                    best, tc, graph_c = name, tn, gn
             rows.append([f"{str(pool_dtype).replace('torch.', '')} {layout} page {page}", T, t * 1e3,
                          100 * tcopy / t, graph, graph_copy] + cached + [best, tc * 1e3, graph_c, tc / t])
         del k_pool, v_pool
@@ -321,15 +355,24 @@ def run(quick: bool = False, ts=None, with_peers: bool = True):
             ref_q = torch_rope(s[0], s[1], s[3], freqs)[0]
             err = ((q_rot.float() - ref_q.float()).abs().max() / ref_q.float().abs().max()).item()
             assert err < 2e-2, f"q_rot differs from the plain-PyTorch composition by {err}"
-        t = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets], iters)
-        te = tc = float("nan")
+        calls = {"op": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
+                 "op+cache": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw,
+                                                                   cos_sin_cache=cos_sin_cache()) for s in sets],
+                 "copy": common.copy_fns(nbytes // 2), "copy+cache": cache_copy_fns(nbytes, T)}
         if with_peers:
             compiled = peers.compiled_static(torch_rope_pool, *sets[0], k_pool, v_pool, freqs)
-            te = common.median_ms([lambda s=s: torch_rope_pool(*s, k_pool, v_pool, freqs) for s in sets], iters)
-            tc = common.median_ms([lambda s=s: compiled(*s, k_pool, v_pool, freqs) for s in sets], iters)
-        tcopy = common.copy_ms(nbytes // 2, iters)
+            calls["eager"] = [lambda s=s: torch_rope_pool(*s, k_pool, v_pool, freqs) for s in sets]
+            calls["compiled"] = [lambda s=s: compiled(*s, k_pool, v_pool, freqs) for s in sets]
+            tri_calls = triton_calls(
+                sets, k_pool, v_pool,
+                lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c)[:2])
+            if tri_calls is not None:
+                calls["triton"] = tri_calls
+        ms = timed(calls, iters)
+        t, tcopy = ms["op"], ms["copy"]
+        te, tc = ms.get("eager", float("nan")), ms.get("compiled", float("nan"))
         cached = through_cache(lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c),
-                               sets, nbytes, T, iters, T <= 512)
+                               sets, ms["op+cache"], ms["copy+cache"], T <= 512)
         graph = graph_off = graph_c = graph_copy = float("nan")
         if T <= 512:
             s = sets[0]
@@ -339,8 +382,7 @@ def run(quick: bool = False, ts=None, with_peers: bool = True):
                 graph_off = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
             if with_peers:
                 graph_c = common.graph_replay_us(lambda: compiled(*s, k_pool, v_pool, freqs))
-        tri = triton_peer(sets, k_pool, v_pool, nbytes, T, iters, T <= 512,
-                          lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c)[:2]) \
+        tri = triton_columns(sets, k_pool, v_pool, ms.get("triton"), ms["copy+cache"], T <= 512) \
             if with_peers else [float("nan")] * len(TRITON_COLUMNS)
         rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, graph_off, graph_copy] + cached +
                     [tc * 1e3, 100 * tcopy / tc, graph_c, te * 1e3, tc / t] + tri)

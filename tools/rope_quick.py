@@ -5,7 +5,8 @@ at T = 1 ... 8192 (bf16, head_dim 128; --tokens, --cases pick others), with
 cos/sin from rope_base and from a float32 cos_sin_cache. --triton adds the
 Triton peer of bench/peers.py on the same data (cache cases in q's dtype,
 not Gemma's weights) and the warp count its autotuner chose, to compare
-time against T with it; bench/bench_rope_pool.py makes the tables."""
+time against T with it; attnprep, the copy and the peer timed in one
+interleaved loop; bench/bench_rope_pool.py makes the tables."""
 
 import argparse
 import os
@@ -69,15 +70,21 @@ def main():
         for T in token_counts:
             nbytes = T * ((hq + 2 * hkv) * D * 2 + 16) + T * (hq + hkv) * D * 2 + T * 2 * hkv * D * pool_bytes
             sets = [inputs(T, hq, hkv) for _ in range(common.sets_needed(nbytes))]
-            t = common.median_ms([lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets], 50)
-            t_copy = common.copy_ms(nbytes // 2, 50)
+            contenders = [[lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
+                          common.copy_fns(nbytes // 2)]
+            peer = peers is not None and peers.triton is not None and cache and not fp8 and name != "gemma+cache"
+            if peer:
+                norm_w = (extra["q_norm_weight"], extra["k_norm_weight"]) if norm else ()
+                call = lambda s: peers.triton_rope_pool(*s, k_pool, v_pool, table, *norm_w)  # noqa: E731
+                contenders.append([lambda s=s: call(s) for s in sets])
+            # one interleaved loop (common.median_ms_interleaved says why)
+            times = common.median_ms_interleaved(contenders, 50)
+            t, t_copy = times[0], times[1]
             replay = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw)) \
                 if T <= 512 else float("nan")
             rows.append([name, T, t * 1e3, 100 * t_copy / t, replay, ""])
-            if peers is not None and peers.triton is not None and cache and not fp8 and name != "gemma+cache":
-                norm_w = (extra["q_norm_weight"], extra["k_norm_weight"]) if norm else ()
-                call = lambda s: peers.triton_rope_pool(*s, k_pool, v_pool, table, *norm_w)  # noqa: E731
-                t = common.median_ms([lambda s=s: call(s) for s in sets], 50)
+            if peer:
+                t = times[2]
                 replay = common.graph_replay_us(lambda: call(sets[0])) if T <= 512 else float("nan")
                 rows.append(["triton:" + name, T, t * 1e3, 100 * t_copy / t, replay, peers.triton_rope_pool_warps()])
     common.print_table("rope_pool_fused alone (A/B)", ["case", "T", "us", "% of copy", "graph replay us", "warps"],
