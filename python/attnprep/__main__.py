@@ -10,6 +10,7 @@ Exits non-zero when a self-check fails.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 import torch
@@ -95,25 +96,31 @@ def _short_benchmark():
          [lambda: torch.cat([q, k, v], -1).view(32768, 8, 3, 384).transpose(0, 1).contiguous()]], 20)
     rows.append(["pack_qkv_destination_major (32768, 24, 128, 8)", t * 1e3, _bench.gbps(nbytes, t),
                  100 * tc / t, te * 1e3])
-    x = torch.randn(8, 8192, 1, 3, 128, device="cuda", dtype=torch.bfloat16)
-    nbytes = 2 * x.numel() * 2
+    shape = (8, 8192, 1, 3, 128)
+    nbytes = 2 * math.prod(shape) * 2
+    # input sets rotated as the copy's are (_bench.sets_needed), so that no op reads from L2 what its last call left
+    xs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(_bench.sets_needed(nbytes))]
     t, tc, te = _bench.median_ms_interleaved(
-        [[lambda: attnprep.usp_merge_heads(x)], _bench.copy_fns(nbytes // 2),
-         [lambda: x.permute(2, 1, 0, 3, 4).contiguous()]], 20)
+        [[lambda x=x: attnprep.usp_merge_heads(x) for x in xs], _bench.copy_fns(nbytes // 2),
+         [lambda x=x: x.permute(2, 1, 0, 3, 4).contiguous() for x in xs]], 20)
     rows.append(["usp_merge_heads (8, 8192, 1, 3, 128)", t * 1e3, _bench.gbps(nbytes, t), 100 * tc / t, te * 1e3])
     T = 8192
     g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(T, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn_like(k)
-    positions = torch.randint(0, 131072, (T,), device="cuda", generator=g)
-    slots = torch.randperm(1 << 18, device="cuda", generator=g)[:T]
+
+    def rope_inputs():
+        return (torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g),
+                torch.randn(T, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g),
+                torch.randn(T, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g),
+                torch.randint(0, 131072, (T,), device="cuda", generator=g),
+                torch.randperm(1 << 18, device="cuda", generator=g)[:T])
+
     k_pool = torch.empty(1 << 18, 8, 128, device="cuda", dtype=torch.bfloat16)
     v_pool = torch.empty_like(k_pool)
     kw = dict(head_dim=128, num_qo_heads=32, num_kv_heads=8, rope_base=10000.0)
     nbytes = T * (48 * 128 * 2 + 16) + T * 56 * 128 * 2
+    sets = [rope_inputs() for _ in range(_bench.sets_needed(nbytes))]
     t, tc = _bench.median_ms_interleaved(
-        [[lambda: attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, **kw)],
+        [[lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
          _bench.copy_fns(nbytes // 2)], 20)
     rows.append(["rope_pool_fused (T 8192, 32/8 heads, 128)", t * 1e3, _bench.gbps(nbytes, t), 100 * tc / t, "-"])
     _bench.print_table(f"Short benchmark, bf16 ({_bench.environment()})",
