@@ -63,10 +63,10 @@ def median_ms_interleaved(contenders: Sequence[Sequence[Callable[[], object]]], 
     Timed one contender after another instead (median_ms in turn), a large
     copy's time alone moved by up to 2.5% with the measurement before it:
     the same kernel timed eight times in a row alternated between two values
-    (what the previous calls' evict-last loads left in L2;
-    docs/performance-notes.md, copy engine), so two contenders timed in turn
-    could each land on either value. Interleaved, every contender sees the
-    same mix of predecessors."""
+    (the L2 state each measurement leaves to the next; an L2 flush before
+    each one held it flat: docs/performance-notes.md, copy engine), so two
+    contenders timed in turn could each land on either value. Interleaved,
+    every contender sees the same mix of predecessors."""
     for i in range(warmup):
         for fns in contenders:
             fns[i % len(fns)]()
