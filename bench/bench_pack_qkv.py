@@ -43,11 +43,6 @@ def inputs(rows, heads, dim, fused, dtype=torch.bfloat16):
     return tuple(torch.randn(rows, heads, dim, device="cuda", dtype=dtype) for _ in range(3))
 
 
-def fastest(names, times):
-    """(name, ms) of the fastest formulation of a family."""
-    return min(zip(names, times), key=lambda x: x[1])
-
-
 def run(quick: bool = False, with_peers: bool = True):
     iters = 10 if quick else 50
     shapes = SHAPES[2:3] + SHAPES[-1:] if quick else SHAPES
@@ -75,11 +70,10 @@ def run(quick: bool = False, with_peers: bool = True):
         contenders += [[lambda s=s, fn=fn: fn(*s, world) for s in sets]
                        for fns in families.values() for fn in fns.values()]
         times = common.median_ms_interleaved(contenders, iters)
-        t_ours, t_copy, rest = times[0], times[1], iter(times[2:])
+        t_ours, t_copy, rest = times[0], times[1], times[2:]
         row = [f"({rows}, {heads}, {dim}, {world}){' fused' if fused else ''}", t_ours * 1e3, 100 * t_copy / t_ours]
         if with_peers:
-            best_of = {f: fastest(list(fns), [next(rest) for _ in fns]) if fns else ("", float("nan"))
-                       for f, fns in families.items()}
+            best_of = peers.fastest_of(families, rest)
             eager, comp, tri = best_of["eager"], best_of["compiled"], best_of["triton"]
             best_peer = min(comp[1], tri[1], eager[1])
             row += [comp[1] * 1e3, 100 * t_copy / comp[1], comp[0], tri[1] * 1e3, 100 * t_copy / tri[1],

@@ -23,11 +23,6 @@ from attnprep.testing import merge_reference
 SHAPES = [(8, 8192, 1, 3, 128), (8, 4096, 1, 7, 128), (4, 16384, 2, 10, 128), (2, 20992, 1, 28, 128)]
 
 
-def fastest(names, times):
-    """(name, ms) of the fastest formulation of a family."""
-    return min(zip(names, times), key=lambda b: b[1])
-
-
 def run(quick: bool = False):
     iters = 10 if quick else 50
     rows = []
@@ -48,9 +43,8 @@ def run(quick: bool = False):
         contenders = [[lambda x=x: attnprep.usp_merge_heads(x) for x in xs], common.copy_fns(n * 2)]
         contenders += [[lambda x=x, fn=fn: fn(x) for x in xs] for fns in families.values() for fn in fns.values()]
         times = common.median_ms_interleaved(contenders, iters)
-        t, tcopy, rest = times[0], times[1], iter(times[2:])
-        best_of = {f: fastest(list(fns), [next(rest) for _ in fns]) if fns else ("", float("nan"))
-                   for f, fns in families.items()}
+        t, tcopy, rest = times[0], times[1], times[2:]
+        best_of = peers.fastest_of(families, rest)
         eager, comp, tri = best_of["eager"], best_of["compiled"], best_of["triton"]
         best = min(comp[1], tri[1], eager[1])
         rows.append([str(shape), t * 1e3, 100 * tcopy / t, comp[1] * 1e3, 100 * tcopy / comp[1], comp[0],

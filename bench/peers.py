@@ -81,6 +81,17 @@ def merge_copy(x):
 MERGE_FORMULATIONS: Dict[str, Callable] = {"permute + contiguous": merge_permute, "empty + copy_": merge_copy}
 
 
+def fastest_of(families: Dict[str, Dict[str, Callable]], times) -> Dict[str, tuple]:
+    """{family: (name, ms) of its fastest formulation} from `times`, the formulations' times in the
+    order the families list them (one interleaved loop's medians); ("", nan) for an empty family."""
+    rest = iter(times)
+    best = {}
+    for family, fns in families.items():
+        timed = [(name, next(rest)) for name in fns]
+        best[family] = min(timed, key=lambda b: b[1]) if timed else ("", float("nan"))
+    return best
+
+
 def check(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
     """A peer's output: the reference's values in a contiguous tensor of the
     reference's shape, as attnprep returns it (the all_to_all_single send
