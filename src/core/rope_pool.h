@@ -106,6 +106,12 @@ struct RopeCudaPolicy {
   // Where a block walks several rounds, a thread asks L2 for the item it will
   // take this many rounds later, so that its next loads hit L2.
   static constexpr int prefetch_rounds_ahead = 1;
+  // ... and those blocks' data loads and L2 prefetches carry an L2
+  // evict-last policy: a call of several-round blocks moves more bytes than
+  // L2 holds, and the lines a thread asked for a round ahead (and the lines
+  // being read) then stay while the freshly written output lines are what
+  // L2 evicts first (the copy engine's large copies load the same way).
+  static constexpr bool several_round_loads_evict_last = true;
   // QK-norm kernel: a lane holds at least this many vector groups of a head,
   // so that it has as many bytes in flight as a rotation item (two groups).
   static constexpr int norm_min_groups_per_lane = 2;

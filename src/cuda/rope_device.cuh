@@ -15,6 +15,7 @@
 #include "core/fp8_quotient.h"
 #include "core/rope_pool.h"
 #include "core/rope_pool_params.h"
+#include "cuda/copy_loads.cuh"
 #include "cuda/elements.cuh"
 #include "cuda/rope_pool.h"
 
@@ -27,13 +28,16 @@ using elements::to_float2;
 
 // N consecutive elements, moved with one 16-byte access when N elements are
 // 16 bytes (the plan guarantees alignment then), else one element at a time.
+// kEvictLast: a 16-byte load carries an L2 evict-last policy
+// (core::RopeCudaPolicy::several_round_loads_evict_last).
 template <typename T, int N>
 struct Group {
   static constexpr bool kVector = N * sizeof(T) == 16;
   T e[N];
+  template <bool kEvictLast = false>
   __device__ __forceinline__ void load(const T* p) {
     if constexpr (kVector) {
-      *reinterpret_cast<uint4*>(e) = __ldg(reinterpret_cast<const uint4*>(p));
+      *reinterpret_cast<uint4*>(e) = ::attnprep::cuda::load<uint4, kEvictLast>(reinterpret_cast<const uint4*>(p));
     } else {
 #pragma unroll
       for (int i = 0; i < N; ++i) e[i] = p[i];

@@ -135,9 +135,10 @@ struct Item {
   __device__ __forceinline__ bool gptj() const { return !kNeoxFull && kind == kGptj; }
   __device__ __forceinline__ bool has_dst() const { return kNeoxFull ? !is_v : dst != nullptr; }
 
+  template <bool kEvictLast = false>
   __device__ __forceinline__ void load() {
-    lo.load(src + lo_off);
-    if (has_hi()) hi.load(src + hi_off);
+    lo.template load<kEvictLast>(src + lo_off);
+    if (has_hi()) hi.template load<kEvictLast>(src + hi_off);
   }
   // Whether finish normalizes this item with 2-byte weights and the
   // Llama/Qwen3 rounding as one paired multiply (kRowCs only).
@@ -183,10 +184,16 @@ struct Item {
     if (pos_ok) stage_row_cos_sin<W>(p, ptr, pos, freq, slot, kThreads);
     commit_async_copies();
   }
-  // Asks L2 for the item's lines now; a later load() then hits L2.
+  // Asks L2 for the item's lines now, to be evicted last (as load()'s
+  // kEvictLast); a later load() then hits L2.
   __device__ __forceinline__ void prefetch() const {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + lo_off));
-    if (has_hi()) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + hi_off));
+    if constexpr (Policy::several_round_loads_evict_last) {
+      asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(src + lo_off));
+      if (has_hi()) asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(src + hi_off));
+    } else {
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + lo_off));
+      if (has_hi()) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + hi_off));
+    }
   }
   // kNorm: 1/sqrt(mean square + eps) of this item's head. The item's groups
   // are whole blocks of the pairwise sum (core::rope_norm_in_rotation_kernel):
@@ -387,6 +394,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // so they overlap that work and the round trip for the position. (Two
   // items in flight need more registers than the occupancy target allows.)
   Item<T, W, kNeoxFull> it;
+  constexpr bool kEvictLast = kAhead > 0 && Policy::several_round_loads_evict_last;
   constexpr bool kEarlyWeights = kRowCs && kNorm != kNoNorm && kAhead > 0;  // Item::load_weights
   int item = begin + threadIdx.x;
   if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
@@ -402,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   const bool pos_ok = place.pos_ok, write_pool = place.write_pool;
   float scale = 1.f;
   if (item < end) {
-    it.load();
+    it.template load<kEvictLast>();
     if constexpr (kEarlyWeights) it.template load_weights<kNorm>(p, ptr);
     if constexpr (kStaged) it.template stage<kNorm>(p, ptr, pos, pos_ok, slots);
     scale = it.template pool_scale_of<kFp8>(p, ptr);
@@ -441,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
     item += blockDim.x;
     if (item < end) {
       it.locate(p, ptr, ix, t, item, n_qk);
-      it.load();
+      it.template load<kEvictLast>();
       if constexpr (kEarlyWeights) it.template load_weights<kNorm>(p, ptr);
       scale = it.template pool_scale_of<kFp8>(p, ptr);
       if constexpr (kAhead > 0) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
