@@ -391,8 +391,12 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   }
   const int end = min(n_all, begin + share);
   // One item in flight per thread, its loads issued before the cos/sin table
-  // so they overlap that work and the round trip for the position. (Two
-  // items in flight need more registers than the occupancy target allows.)
+  // so they overlap that work. They come after the token's position and slot
+  // are read, and the compiled code issues them only once the position has
+  // arrived (token_place's checks use it first): the first round trip for
+  // the data follows the position's (docs/performance-notes.md measures the
+  // other order). (Two items in flight need more registers than the
+  // occupancy target allows.)
   Item<T, W, kNeoxFull> it;
   constexpr bool kEvictLast = kAhead > 0 && Policy::several_round_loads_evict_last;
   constexpr bool kEarlyWeights = kRowCs && kNorm != kNoNorm && kAhead > 0;  // Item::load_weights
