@@ -391,14 +391,17 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   }
   const int end = min(n_all, begin + share);
   // One item in flight per thread, its loads issued before the cos/sin table
-  // so they overlap that work. They come after the token's position and slot
-  // are read, and the compiled code issues them only once the position has
-  // arrived (token_place's checks use it first): the first round trip for
-  // the data follows the position's (docs/performance-notes.md measures the
-  // other order). (Two items in flight need more registers than the
-  // occupancy target allows.)
+  // so they overlap that work. For RoPE alone they also come before the
+  // token's position and slot are read: token_place's checks use the
+  // position at once, and loads placed after it were issued only once it had
+  // arrived, so the data's first round trip followed the position's instead
+  // of overlapping it. With the QK norm the data's loads stay after it (there
+  // the earlier start did not shorten the call: docs/performance-notes.md).
+  // (Two items in flight need more registers than the occupancy target
+  // allows.)
   Item<T, W, kNeoxFull> it;
   constexpr bool kEvictLast = kAhead > 0 && Policy::several_round_loads_evict_last;
+  constexpr bool kDataFirst = kNorm == kNoNorm;
   constexpr bool kEarlyWeights = kRowCs && kNorm != kNoNorm && kAhead > 0;  // Item::load_weights
   int item = begin + threadIdx.x;
   if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
@@ -409,12 +412,14 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // Not at entry, as the copy engine does: the next call's blocks would then
   // take multiprocessor slots this kernel's later tokens still need.
   let_next_kernel_start();
+  if constexpr (kDataFirst)
+    if (item < end) it.template load<kEvictLast>();
   const TokenPlace place = token_place(p, ptr, t);
   const int64_t pos = place.pos, slot = place.slot;
   const bool pos_ok = place.pos_ok, write_pool = place.write_pool;
   float scale = 1.f;
   if (item < end) {
-    it.template load<kEvictLast>();
+    if constexpr (!kDataFirst) it.template load<kEvictLast>();
     if constexpr (kEarlyWeights) it.template load_weights<kNorm>(p, ptr);
     if constexpr (kStaged) it.template stage<kNorm>(p, ptr, pos, pos_ok, slots);
     scale = it.template pool_scale_of<kFp8>(p, ptr);
