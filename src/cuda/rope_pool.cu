@@ -391,17 +391,18 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   }
   const int end = min(n_all, begin + share);
   // One item in flight per thread, its loads issued before the cos/sin table
-  // so they overlap that work. For RoPE alone they also come before the
-  // token's position and slot are read: token_place's checks use the
-  // position at once, and loads placed after it were issued only once it had
-  // arrived, so the data's first round trip followed the position's instead
-  // of overlapping it. With the QK norm the data's loads stay after it (there
-  // the earlier start did not shorten the call: docs/performance-notes.md).
+  // so they overlap that work. For RoPE alone into pools of q's dtype they
+  // also come before the token's position and slot are read: token_place's
+  // checks use the position at once, and loads placed after it were issued
+  // only once it had arrived, so the data's first round trip followed the
+  // position's instead of overlapping it. With the QK norm or fp8 pools the
+  // loads stay after it: there the earlier start did not shorten the call,
+  // and fp8 pools replayed slower (docs/performance-notes.md).
   // (Two items in flight need more registers than the occupancy target
   // allows.)
   Item<T, W, kNeoxFull> it;
   constexpr bool kEvictLast = kAhead > 0 && Policy::several_round_loads_evict_last;
-  constexpr bool kDataFirst = kNorm == kNoNorm;
+  constexpr bool kDataFirst = kNorm == kNoNorm && !kFp8;
   constexpr bool kEarlyWeights = kRowCs && kNorm != kNoNorm && kAhead > 0;  // Item::load_weights
   int item = begin + threadIdx.x;
   if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
