@@ -1,4 +1,5 @@
-// The copy kernels' 16-byte loads (the engine's and the flat pack pass's).
+// The 16-byte loads of the copy kernels (the engine's, the flat pack pass's)
+// and of the rotation kernel, and its L2 prefetches.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,14 @@ __device__ __forceinline__ V load(const V* p) {
   } else {
     return __ldg(p);
   }
+}
+
+// Asks L2 for the line at p; with kEvictLast it is marked evict-last, as
+// load<V, true> marks its lines.
+template <bool kEvictLast>
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  if constexpr (kEvictLast) asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p));
+  else asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
 }  // namespace attnprep::cuda

@@ -60,7 +60,7 @@ struct Task {
   // this task later then loads from L2.
   __device__ __forceinline__ void prefetch(int first, int per_lane, int head_dim) const {
     for (int e = 0; e < per_lane && first + e < head_dim; e += 16 / static_cast<int>(sizeof(T)))
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + first + e));
+      prefetch_l2<false>(src + first + e);
   }
 };
 

@@ -187,13 +187,8 @@ struct Item {
   // Asks L2 for the item's lines now, to be evicted last (as load()'s
   // kEvictLast); a later load() then hits L2.
   __device__ __forceinline__ void prefetch() const {
-    if constexpr (Policy::several_round_loads_evict_last) {
-      asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(src + lo_off));
-      if (has_hi()) asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(src + hi_off));
-    } else {
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + lo_off));
-      if (has_hi()) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(src + hi_off));
-    }
+    prefetch_l2<Policy::several_round_loads_evict_last>(src + lo_off);
+    if (has_hi()) prefetch_l2<Policy::several_round_loads_evict_last>(src + hi_off);
   }
   // kNorm: 1/sqrt(mean square + eps) of this item's head. The item's groups
   // are whole blocks of the pairwise sum (core::rope_norm_in_rotation_kernel):
