@@ -127,13 +127,14 @@ struct RopeCudaPolicy {
   // registers cost it (with several rounds per block they cost more; fp8
   // pools would spill 12-16 bytes).
   static constexpr int32_t norm_one_round_min_blocks_per_sm = 10;
-  // ... and in calls of at most this many one-round blocks per
-  // multiprocessor, those blocks on the cos_sin_cache row path copy each
-  // thread's norm weights and cos/sin into shared memory asynchronously
-  // (cp.async) as soon as their addresses are known, so that both round trips
-  // overlap the data's and the sum's instead of following them; in larger
-  // calls the 12 KB of shared memory per block (taken from L1) costs more
-  // than that saves.
+  // On the cos_sin_cache row path with the QK norm, each warp copies the
+  // token's cos/sin row and the 2-byte norm weights into shared memory
+  // asynchronously (cuda WarpRows: cp.async, as soon as the addresses are
+  // known) and its items read them there: their round trips then overlap the
+  // data's and the sum's, and no registers are held across them. Blocks of
+  // several rounds always do (once per token); one-round blocks in calls of
+  // at most this many blocks per multiprocessor: in larger calls (several
+  // waves, bound by the loads in flight) reading the rows directly is faster.
   static constexpr int32_t norm_stage_max_blocks_per_sm = 5;
   // The general QK-norm kernel (a lane holds up to 16 elements) needs up to
   // 64 registers: 8 blocks (at 9 it spilled 12-44 bytes).

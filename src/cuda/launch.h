@@ -51,11 +51,12 @@ int multiprocessors_on_current_device();
 
 namespace detail {
 template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
-                   Args&&... args) {
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                   bool pdl, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attrs[1];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -75,7 +76,16 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
 // this thread to trip over.
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
-  return detail::launch(kernel, grid, block, stream, pdl_on_current_device(), std::forward<Args>(args)...);
+  return detail::launch(kernel, grid, block, 0, stream, pdl_on_current_device(), std::forward<Args>(args)...);
+}
+
+// The same with `shared_bytes` of dynamic shared memory per block (at most
+// 48 KB: no opt-in attribute is set).
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel_shared(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                                 cudaStream_t stream, Args&&... args) {
+  return detail::launch(kernel, grid, block, shared_bytes, stream, pdl_on_current_device(),
+                        std::forward<Args>(args)...);
 }
 
 // The same without PDL, for a kernel that neither waits nor lets the next
@@ -84,7 +94,7 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cuda
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel_without_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                                       Args&&... args) {
-  return detail::launch(kernel, grid, block, stream, false, std::forward<Args>(args)...);
+  return detail::launch(kernel, grid, block, 0, stream, false, std::forward<Args>(args)...);
 }
 
 }  // namespace attnprep::cuda

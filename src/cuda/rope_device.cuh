@@ -141,28 +141,24 @@ __device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const R
   return make_float2(c, s);
 }
 
-// (cos, sin) of frequencies freq ... freq + N - 1 read straight from the
-// token's cos_sin_cache row, 16 bytes at a time (p.cache_vector; freq is a
-// multiple of N, N a multiple of 4): the same values token_cos_sin gives.
-// Each warp then reads its own frequencies and no block-wide table (with its
-// barrier) stands between the position and the first rotation.
-template <int N>
-__device__ __forceinline__ void row_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
-                                            bool pos_ok, int freq, float2 (&r)[N]) {
+// (cos, sin) of frequencies freq ... freq + N - 1 of a cos_sin_cache row
+// (cos, then sin: the row's first rotary_dim entries), `at` pointing at its
+// entry freq, 16 bytes at a time (float32) or 8 (bfloat16): from global
+// memory (kGlobal, read-only loads) or from a warp's copy in shared memory.
+template <int N, bool kGlobal>
+__device__ __forceinline__ void cos_sin_at(const RopePoolParams& p, const void* at, float2 (&r)[N]) {
   static_assert(N % 4 == 0, "16-byte reads of float32 rows, 8-byte reads of bfloat16 rows");
-  if (!pos_ok) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) r[i] = make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
-    return;
-  }
+  const auto read = [](const auto* a) {
+    if constexpr (kGlobal) return __ldg(a);
+    else return *a;
+  };
   const int half = p.rotary_dim / 2;
-  const int64_t row = pos * p.cache_stride + freq;
   if (p.cache_bf16) {
-    const auto* cache = static_cast<const unsigned short*>(ptr.cos_sin_cache) + row;
+    const auto* cache = static_cast<const unsigned short*>(at);
 #pragma unroll
     for (int i = 0; i < N; i += 4) {
-      const uint2 c = __ldg(reinterpret_cast<const uint2*>(cache + i));
-      const uint2 s = __ldg(reinterpret_cast<const uint2*>(cache + half + i));
+      const uint2 c = read(reinterpret_cast<const uint2*>(cache + i));
+      const uint2 s = read(reinterpret_cast<const uint2*>(cache + half + i));
       // bfloat16 -> float32: the high half of the word
       r[i] = make_float2(__uint_as_float(c.x << 16), __uint_as_float(s.x << 16));
       r[i + 1] = make_float2(__uint_as_float(c.x & 0xffff0000u), __uint_as_float(s.x & 0xffff0000u));
@@ -170,17 +166,33 @@ __device__ __forceinline__ void row_cos_sin(const RopePoolParams& p, const RopeP
       r[i + 3] = make_float2(__uint_as_float(c.y & 0xffff0000u), __uint_as_float(s.y & 0xffff0000u));
     }
   } else {
-    const float* cache = static_cast<const float*>(ptr.cos_sin_cache) + row;
+    const float* cache = static_cast<const float*>(at);
 #pragma unroll
     for (int i = 0; i < N; i += 4) {
-      const float4 c = __ldg(reinterpret_cast<const float4*>(cache + i));
-      const float4 s = __ldg(reinterpret_cast<const float4*>(cache + half + i));
+      const float4 c = read(reinterpret_cast<const float4*>(cache + i));
+      const float4 s = read(reinterpret_cast<const float4*>(cache + half + i));
       r[i] = make_float2(c.x, s.x);
       r[i + 1] = make_float2(c.y, s.y);
       r[i + 2] = make_float2(c.z, s.z);
       r[i + 3] = make_float2(c.w, s.w);
     }
   }
+}
+
+// The same straight from the token's row in global memory (p.cache_vector;
+// freq a multiple of N): the values token_cos_sin gives. Each warp then
+// reads its own frequencies and no block-wide table (with its barrier)
+// stands between the position and the first rotation.
+template <int N>
+__device__ __forceinline__ void row_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
+                                            bool pos_ok, int freq, float2 (&r)[N]) {
+  if (!pos_ok) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r[i] = make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
+    return;
+  }
+  const int elem = p.cache_bf16 ? 2 : 4;
+  cos_sin_at<N, true>(p, static_cast<const char*>(ptr.cos_sin_cache) + (pos * p.cache_stride + freq) * elem, r);
 }
 
 // Asks L1 for the lines of the token's cos_sin_cache row that row_cos_sin
@@ -197,8 +209,9 @@ __device__ __forceinline__ void prefetch_row_cos_sin(const RopePoolParams& p, co
 }
 
 // Asynchronous copies global -> shared (cp.async, through L1): the bytes
-// land in shared memory without holding registers while they travel, and the
-// copying thread alone reads them after wait_async_copies().
+// land in shared memory without holding registers while they travel; the
+// copying thread may read them after wait_async_copies(), others after a
+// barrier that follows it (warp_rows_ready).
 __device__ __forceinline__ void copy_async(void* smem, const void* gmem, int bytes) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   if (bytes == 16) asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
@@ -207,59 +220,58 @@ __device__ __forceinline__ void copy_async(void* smem, const void* gmem, int byt
 __device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// The N frequencies freq ... of the token's cos_sin_cache row (cos, then sin)
-// copied asynchronously into a thread's stage slots: cos in slots 0-1, sin in
-// 2-3, each slot 16 bytes (stride: the slots' distance in uint4).
-template <int N>
-__device__ __forceinline__ void stage_row_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
-                                                  int freq, uint4* slot, int stride) {
-  const int elem = p.cache_bf16 ? 2 : 4;
-  const char* row = static_cast<const char*>(ptr.cos_sin_cache) + (pos * p.cache_stride + freq) * elem;
-  const char* sin_row = row + (p.rotary_dim / 2) * elem;
-  const int bytes = N * elem;
-  if (N * 2 < 16 && bytes < 16) {  // 8 bytes: N = 4 from a bfloat16 table
-    copy_async(slot, row, bytes);
-    copy_async(slot + 2 * stride, sin_row, bytes);
-    return;
-  }
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    if (c * 16 < bytes) {
-      copy_async(slot + c * stride, row + c * 16, 16);
-      copy_async(slot + (2 + c) * stride, sin_row + c * 16, 16);
-    }
-  }
+// Warp rows (core::RopeCudaPolicy::norm_warp_rows): each warp's copy, in
+// shared memory, of the token's cos_sin_cache row (its rotary_dim entries)
+// and of the 2-byte norm weights (q's, then k's), copied asynchronously by
+// the warp's lanes, 16 bytes each, as soon as their addresses are known.
+// A warp's items then read their cos/sin and weights there; the lanes that
+// read the same frequencies read the same bytes, one shared-memory access for
+// the warp where a copy per thread took four, and the copies hold no
+// registers while they travel.
+struct WarpRows {
+  int row_chunks, weight_chunks;  // 16-byte chunks: the row, one tensor's weights
+  __device__ __forceinline__ explicit WarpRows(const RopePoolParams& p)
+      : row_chunks(p.rotary_dim * (p.cache_bf16 ? 2 : 4) / 16), weight_chunks(p.head_dim * 2 / 16) {}
+  __device__ __forceinline__ int chunks() const { return row_chunks + 2 * weight_chunks; }
+};
+// The warp rows' bytes per warp, as the launcher sizes the dynamic shared
+// memory (the same arithmetic as WarpRows).
+inline int warp_rows_bytes(const RopePoolParams& p) {
+  return p.rotary_dim * (p.cache_bf16 ? 2 : 4) + 2 * p.head_dim * 2;
 }
 
-// What stage_row_cos_sin copied, as row_cos_sin returns it (NaN where the
-// position is outside the table: nothing was copied then).
-template <int N>
-__device__ __forceinline__ void staged_row_cos_sin(const RopePoolParams& p, bool pos_ok, const uint4* slot, int stride,
-                                                   float2 (&r)[N]) {
-  static_assert(N % 4 == 0 && N <= 8, "one or two 16-byte slots per half");
-  if (!pos_ok) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) r[i] = make_float2(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000));
-    return;
+// The weights' copies, by the warp's lanes; a tensor whose weights are not
+// 2-byte is not copied (its items read it from global memory).
+__device__ __forceinline__ void copy_warp_weights(const RopePoolParams& p, const RopePoolPointers& ptr,
+                                                  const WarpRows& rows, uint4* area, bool copy_q, bool copy_k,
+                                                  int lane) {
+#pragma unroll 1
+  for (int c = lane; c < 2 * rows.weight_chunks; c += 32) {
+    const bool k = c >= rows.weight_chunks;
+    if (k ? copy_k : copy_q)
+      copy_async(area + rows.row_chunks + c,
+                 static_cast<const uint4*>(k ? ptr.k_norm_weight : ptr.q_norm_weight) + (c - (k ? rows.weight_chunks : 0)),
+                 16);
   }
-  if (p.cache_bf16) {
-    const uint4 c = slot[0], s = slot[2 * stride];
-    const uint32_t cw[4] = {c.x, c.y, c.z, c.w}, sw[4] = {s.x, s.y, s.z, s.w};
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) {
-      r[2 * i] = make_float2(__uint_as_float(cw[i] << 16), __uint_as_float(sw[i] << 16));
-      r[2 * i + 1] = make_float2(__uint_as_float(cw[i] & 0xffff0000u), __uint_as_float(sw[i] & 0xffff0000u));
-    }
-  } else {
-#pragma unroll
-    for (int c = 0; c < N / 4; ++c) {
-      const uint4 cv = slot[c * stride], sv = slot[(2 + c) * stride];
-      r[4 * c] = make_float2(__uint_as_float(cv.x), __uint_as_float(sv.x));
-      r[4 * c + 1] = make_float2(__uint_as_float(cv.y), __uint_as_float(sv.y));
-      r[4 * c + 2] = make_float2(__uint_as_float(cv.z), __uint_as_float(sv.z));
-      r[4 * c + 3] = make_float2(__uint_as_float(cv.w), __uint_as_float(sv.w));
-    }
+}
+// The row's copies, by the warp's lanes (NaN for a position outside the
+// table, stored directly: that row is never read).
+__device__ __forceinline__ void copy_warp_row(const RopePoolParams& p, const RopePoolPointers& ptr,
+                                              const WarpRows& rows, uint4* area, int64_t pos, bool pos_ok, int lane) {
+  const int elem = p.cache_bf16 ? 2 : 4;
+  const uint4* row = reinterpret_cast<const uint4*>(static_cast<const char*>(ptr.cos_sin_cache) +
+                                                    (pos_ok ? pos : 0) * p.cache_stride * elem);
+#pragma unroll 1
+  for (int c = lane; c < rows.row_chunks; c += 32) {
+    if (pos_ok) copy_async(area + c, row + c, 16);
+    else area[c] = make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);  // NaN as float32 and as bfloat16
   }
+}
+// Before a warp's items read its rows: the lane's own copies landed, then
+// every lane's (the warp's lanes all call it).
+__device__ __forceinline__ void warp_rows_ready() {
+  wait_async_copies();
+  __syncwarp();
 }
 
 // Token t's position and slot. A position outside cos_sin_cache must not be
@@ -269,13 +281,23 @@ struct TokenPlace {
   int64_t pos, slot;
   bool pos_ok, write_pool;
 };
-__device__ __forceinline__ TokenPlace token_place(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t) {
+// read_token_place asks for them; check_token_place then uses them (a
+// caller may issue other loads in between, which then do not wait for the
+// position's round trip).
+__device__ __forceinline__ TokenPlace read_token_place(const RopePoolParams& p, const RopePoolPointers& ptr,
+                                                       int64_t t) {
   TokenPlace tp;
   tp.pos = read_index(ptr.positions, t, p.positions_int64);
   tp.slot = read_index(ptr.slots, t, p.slots_int64);
+  return tp;
+}
+__device__ __forceinline__ TokenPlace check_token_place(const RopePoolParams& p, TokenPlace tp) {
   tp.pos_ok = !p.use_cache || (tp.pos >= 0 && tp.pos < p.cache_len);
   tp.write_pool = tp.pos_ok && tp.slot >= 0 && tp.slot < p.pool_size;
   return tp;
+}
+__device__ __forceinline__ TokenPlace token_place(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t) {
+  return check_token_place(p, read_token_place(p, ptr, t));
 }
 
 // Where head `head` of slot `slot` starts in the v pool (is_v) or the k pool,
@@ -400,14 +422,21 @@ __device__ __forceinline__ float group_squares(const Group<T, N>& g) {
 }
 
 // 1 / sqrt(ss / head_dim + eps), each step correctly rounded.
+// (1 / x correctly rounded is the correctly rounded reciprocal: __frcp_rn,
+// without the division's general path.)
 __device__ __forceinline__ float norm_factor(float ss, const RopePoolParams& p) {
-  return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(p.head_dim)), p.norm_eps)));
+  return __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(p.head_dim)), p.norm_eps)));
 }
 // The same where head_dim is a power of two: ss / head_dim is then exactly
 // ss * inv_head_dim (both are ss 2^-k correctly rounded), a multiply instead
 // of a division per item.
 __device__ __forceinline__ float norm_factor_pow2(float ss, float inv_head_dim, const RopePoolParams& p) {
-  return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fmul_rn(ss, inv_head_dim), p.norm_eps)));
+  return __frcp_rn(__fsqrt_rn(__fadd_rn(__fmul_rn(ss, inv_head_dim), p.norm_eps)));
+}
+// 1 / head_dim for head_dim a power of two 2^k: 2^-k, built from its exponent
+// bits (exact, and no division between the butterfly and the root).
+__device__ __forceinline__ float inv_pow2(int head_dim) {
+  return __int_as_float((127 - (31 - __clz(head_dim))) << 23);
 }
 
 // x inv rounded to T and back (kNormRoundThenWeight), for a pair.

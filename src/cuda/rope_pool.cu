@@ -5,8 +5,9 @@
 // k and the raw v into the pools (paged or flat, in q's dtype or fp8) when the
 // token's slot is in [0, pool_size). With an aligned cos_sin_cache the common
 // shape skips the table: each item reads its cos/sin (and norm weights) from
-// their rows, and the block has no barrier (kRowCs); small calls with the QK
-// norm copy those into shared memory asynchronously, early (kStaged).
+// their rows, and the block has no barrier (kRowCs); with the QK norm each
+// warp copies the row and the weights into shared memory asynchronously,
+// early, and its items read them there (kWarpRows).
 #include "cuda/rope_pool.h"
 
 #include "core/rope_pool.h"
@@ -148,11 +149,8 @@ struct Item {
       return !is_v && (is_q ? p.norm_q && !p.q_norm_f32 : p.norm_k && !p.k_norm_f32);
     return false;
   }
-  // Those weights into w_lo / w_hi: with the item's loads where a block
-  // walks several rounds (read in finish, after the sum's butterfly, their
-  // round trip would come between the data and the rotation), in finish
-  // where it serves one (there the registers held across the loads would
-  // spill under the one-round occupancy target, and replay was slower).
+  // Those weights into w_lo / w_hi, from their tensors (one-round blocks
+  // past the warp rows' limit, RopeCudaPolicy::norm_stage_max_blocks_per_sm).
   template <int kNorm>
   __device__ __forceinline__ void load_weights(const RopePoolParams& p, const RopePoolPointers& ptr) {
     if (!pair_weights<kNorm>(p)) return;
@@ -167,22 +165,6 @@ struct Item {
   __device__ __forceinline__ float pool_scale_of(const RopePoolParams& p, const RopePoolPointers& ptr) const {
     if constexpr (kFp8) return is_q ? 1.f : pool_scale(p, ptr, head, is_v);
     return 1.f;
-  }
-  // kStaged: the item's 2-byte norm weights (slots 4-5), then, once the
-  // position is known, its cos/sin (slots 0-3), copied asynchronously into
-  // the thread's stage slots, so that their round trips overlap the data's
-  // and the butterfly without registers held across them.
-  template <int kNorm>
-  __device__ __forceinline__ void stage(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos, bool pos_ok,
-                                        uint4* slot) const {
-    if (is_v) return;
-    if (pair_weights<kNorm>(p)) {
-      const T* wt = static_cast<const T*>(is_q ? ptr.q_norm_weight : ptr.k_norm_weight);
-      copy_async(slot + 4 * kThreads, wt + lo_off, 16);
-      copy_async(slot + 5 * kThreads, wt + hi_off, 16);
-    }
-    if (pos_ok) stage_row_cos_sin<W>(p, ptr, pos, freq, slot, kThreads);
-    commit_async_copies();
   }
   // Asks L2 for the item's lines now, to be evicted last (as load()'s
   // kEvictLast); a later load() then hits L2.
@@ -212,26 +194,26 @@ struct Item {
   // q and k groups are normalized first (weights `w` in shared memory, the
   // head's factor `inv`). kRowCs (kNeoxFull only): cos/sin straight from the
   // token's cos_sin_cache row (row_cos_sin), else from the block's table
-  // `cs`; kStaged: the 2-byte weights and the cos/sin from the thread's
-  // `stage` slots instead (Item::stage). Groups of W > 1 elements (W even)
+  // `cs`; kWarpRows: the 2-byte weights and the cos/sin from the warp's
+  // rows in shared memory (`rows` at `area`) instead. Groups of W > 1
+  // elements (W even)
   // compute on pairs (Group::get2/set2).
-  template <bool kFp8, int kNorm, bool kRowCs, bool kEarlyWeights, bool kStaged>
+  template <bool kFp8, int kNorm, bool kRowCs, bool kWarpRows>
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr,
                                          const core::RopeCudaIndex& ix, const float2* cs, int64_t pos, bool pos_ok,
                                          int64_t slot, bool write_pool, const float* w, float inv, float scale,
-                                         const uint4* stage) {
+                                         const WarpRows& rows, const uint4* area) {
     static_assert(!kRowCs || (kNeoxFull && W > 1), "rows are read for the common shape only");
-    // the item's weights and cos/sin are one copy group: one wait for both
-    if constexpr (kStaged) if (!is_v) wait_async_copies();
     if constexpr (kNorm != kNoNorm) {
       if (!is_v && (is_q ? p.norm_q : p.norm_k)) {
         if constexpr (kRowCs) {  // the weights straight from their tensor, as the cos/sin
           // 2-byte weights with the Llama/Qwen3 rounding: one paired multiply
           if (pair_weights<kNorm>(p)) {
-            if constexpr (kStaged) {
-              *reinterpret_cast<uint4*>(w_lo.e) = stage[4 * kThreads];
-              *reinterpret_cast<uint4*>(w_hi.e) = stage[5 * kThreads];
-            } else if constexpr (!kEarlyWeights) {
+            if constexpr (kWarpRows) {
+              const T* wt = reinterpret_cast<const T*>(area + rows.row_chunks + (is_q ? 0 : rows.weight_chunks));
+              *reinterpret_cast<uint4*>(w_lo.e) = *reinterpret_cast<const uint4*>(wt + lo_off);
+              *reinterpret_cast<uint4*>(w_hi.e) = *reinterpret_cast<const uint4*>(wt + hi_off);
+            } else {
               load_weights<kNorm>(p, ptr);
             }
             if constexpr (kNorm == kNormRoundThenWeight && sizeof(T) == 2) {
@@ -257,8 +239,8 @@ struct Item {
         rotate(lo.e[0], hi.e[0], cs[freq]);
       } else {
         float2 row[kRowCs ? W : 1];
-        if constexpr (kStaged) {
-          staged_row_cos_sin<W>(p, pos_ok, stage, kThreads, row);
+        if constexpr (kWarpRows) {
+          cos_sin_at<W, false>(p, reinterpret_cast<const char*>(area) + freq * (p.cache_bf16 ? 2 : 4), row);
         } else if constexpr (kRowCs) {
           row_cos_sin<W>(p, ptr, pos, pos_ok, freq, row);
         }
@@ -334,16 +316,16 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // one round). kRowCs (kNeoxFull, cos_sin_cache given with p.cache_vector,
 // norm weights 16-byte aligned): no block set-up; each item reads its
 // cos/sin from the token's row and its norm weights from their tensors, and
-// the block has no barrier. kStaged (kRowCs, one round, the QK norm; small
-// calls, core::rope_norm_stage): each thread's 2-byte weights and cos/sin are
-// copied into shared memory asynchronously as soon as their addresses are
-// known (Item::stage). The parameters: pointers and index plan first,
+// the block has no barrier. kWarpRows (kRowCs, the QK norm): each warp's
+// copy of the token's cos/sin row and of the 2-byte weights in dynamic shared
+// memory (WarpRows), copied asynchronously as soon as their addresses are
+// known, read by the warp's items. The parameters: pointers and index plan first,
 // the parameter block with its 1 KB inv_freq table last, so that the fields
 // every block reads share the first cache lines of the parameter bank, which
 // is cold at each launch. kTail (several rounds, the QK norm, pools in q's
 // dtype; core::plan_rope_cuda_tail): blocks from ix.whole_tokens on serve
 // the call's last tokens in one-round slices.
-template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs, bool kStaged = false,
+template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs, bool kWarpRows = false,
           bool kTail = false>
 __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_blocks_per_sm
                                            : kAhead == 0 && !kFp8 ? Policy::norm_one_round_min_blocks_per_sm
@@ -352,13 +334,14 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
                      const __grid_constant__ RopePoolParams p) {
   __shared__ float2 cs[kRowCs ? 1 : ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
   __shared__ __align__(16) float norm_w[kNorm != kNoNorm && !kRowCs ? 2 * kNormWeightsK : 4];
-  // kStaged (one-round row-path blocks with the QK norm, small calls): each
-  // thread's weights and cos/sin, copied asynchronously (Item::stage), in six
-  // 16-byte slots.
-  static_assert(!kStaged || (kRowCs && kAhead == 0 && kNorm != kNoNorm), "staging is for one-round norm row blocks");
+  // kWarpRows: the warps' rows, warp_rows_bytes(p) each (the launcher's
+  // dynamic shared memory).
+  static_assert(!kWarpRows || (kRowCs && kNorm != kNoNorm), "warp rows are for norm row blocks");
   static_assert(!kTail || (kAhead > 0 && kNorm != kNoNorm && !kFp8), "tails are for several-round norm blocks");
-  __shared__ uint4 stage_slots[kStaged ? 6 : 1][kStaged ? kThreads : 1];
-  uint4* const slots = &stage_slots[0][kStaged ? threadIdx.x : 0];
+  extern __shared__ uint4 warp_rows_area[];
+  const WarpRows rows(p);
+  uint4* const area = warp_rows_area + (kWarpRows ? (threadIdx.x / 32) * rows.chunks() : 0);
+  const int lane32 = static_cast<int>(threadIdx.x) & 31;
   int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
 
@@ -370,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   const int n_qk = (p.num_qo_heads + p.num_kv_heads) * p.qk_items_per_head;
   const int n_all = n_qk + p.num_kv_heads * p.v_items_per_head;
   const int lanes = p.qk_items_per_head;  // kNorm: a power of two, at most 32
-  const float inv_head_dim = 1.f / static_cast<float>(p.head_dim);  // kNorm: exact, a power of two
+  const float inv_head_dim = inv_pow2(p.head_dim);  // kNorm: a power of two
   // Slices in reverse: a split token's last slice (its k and v heads: the
   // pool writes, with fp8 pools all of the conversion) is its longest, and
   // blocks start in blockIdx order, so it goes first.
@@ -390,17 +373,24 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // also come before the token's position and slot are read: token_place's
   // checks use the position at once, and loads placed after it were issued
   // only once it had arrived, so the data's first round trip followed the
-  // position's instead of overlapping it. With the QK norm or fp8 pools the
-  // loads stay after it: there the earlier start did not shorten the call,
-  // and fp8 pools replayed slower (docs/performance-notes.md).
+  // position's instead of overlapping it. With the warp rows (kWarpRows)
+  // they come right after the position's and slot's loads and before their
+  // checks. Elsewhere (RoPE alone into fp8 pools, the QK norm off the row
+  // path) they follow the checks: there the earlier start did not shorten
+  // the call, and fp8 pools replayed slower (docs/performance-notes.md).
   // (Two items in flight need more registers than the occupancy target
   // allows.)
   Item<T, W, kNeoxFull> it;
   constexpr bool kEvictLast = kAhead > 0 && Policy::several_round_loads_evict_last;
   constexpr bool kDataFirst = kNorm == kNoNorm && !kFp8;
-  constexpr bool kEarlyWeights = kRowCs && kNorm != kNoNorm && kAhead > 0;  // Item::load_weights
   int item = begin + threadIdx.x;
   if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
+  // kWarpRows: the warps that rotate (in one-round blocks, those with a q or
+  // k item) copy the rows; which weights are 2-byte (Item::pair_weights).
+  bool warp_rows = false;
+  if constexpr (kWarpRows) warp_rows = kAhead == 0 ? __any_sync(0xffffffffu, item < end && !it.is_v) : begin < n_qk;
+  constexpr bool kPairMode = kNorm == kNormRoundThenWeight && sizeof(T) == 2;
+  const bool copy_q = kPairMode && p.norm_q && !p.q_norm_f32, copy_k = kPairMode && p.norm_k && !p.k_norm_f32;
   const float first_inv_freq =
       !kRowCs && !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
 
@@ -410,19 +400,28 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   let_next_kernel_start();
   if constexpr (kDataFirst)
     if (item < end) it.template load<kEvictLast>();
-  const TokenPlace place = token_place(p, ptr, t);
+  TokenPlace place = read_token_place(p, ptr, t);
+  // kWarpRows: the item's loads and the weights' copies issued while the
+  // position travels, not after its checks.
+  if constexpr (kWarpRows) {
+    if (item < end) it.template load<kEvictLast>();
+    if (warp_rows) copy_warp_weights(p, ptr, rows, area, copy_q, copy_k, lane32);
+  }
+  place = check_token_place(p, place);
   const int64_t pos = place.pos, slot = place.slot;
   const bool pos_ok = place.pos_ok, write_pool = place.write_pool;
   float scale = 1.f;
   if (item < end) {
-    if constexpr (!kDataFirst) it.template load<kEvictLast>();
-    if constexpr (kEarlyWeights) it.template load_weights<kNorm>(p, ptr);
-    if constexpr (kStaged) it.template stage<kNorm>(p, ptr, pos, pos_ok, slots);
+    if constexpr (!kDataFirst && !kWarpRows) it.template load<kEvictLast>();
     scale = it.template pool_scale_of<kFp8>(p, ptr);
     // Blocks of several rounds only: in one-round blocks (small calls) it
     // made graph replay slower, where the rows are in L2 already.
-    if constexpr (kRowCs && kAhead > 0)
+    if constexpr (kRowCs && kAhead > 0 && !kWarpRows)
       if (!it.is_v && pos_ok) prefetch_row_cos_sin(p, ptr, pos, it.freq);
+  }
+  if constexpr (kWarpRows) {
+    if (warp_rows) copy_warp_row(p, ptr, rows, area, pos, pos_ok, lane32);
+    commit_async_copies();
   }
 #pragma unroll
   for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
@@ -444,19 +443,20 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
       // until none of its lanes has an item
       if (!__any_sync(0xffffffffu, active)) break;
       inv = it.head_norm_factor(p, lanes, inv_head_dim, active);
-      if (active) it.template finish<kFp8, kNorm, kRowCs, kEarlyWeights, kStaged>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, slots);
+      if constexpr (kWarpRows)
+        if (warp_rows) warp_rows_ready();  // (after the first round: no copies left, a no-op)
+      if (active) it.template finish<kFp8, kNorm, kRowCs, kWarpRows>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, rows, area);
     } else {
       if (!active) break;
-      it.template finish<kFp8, kNorm, kRowCs, kEarlyWeights, kStaged>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, slots);
+      it.template finish<kFp8, kNorm, kRowCs, kWarpRows>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, rows, area);
     }
     // One-round blocks have no second item (core::plan_rope_cuda_launch).
-    if constexpr (kStaged) break;
+    if constexpr (kWarpRows && kAhead == 0) break;
     item += blockDim.x;
     if (item < end) {
       it.locate(p, ptr, ix, t, item, n_qk);
       it.template load<kEvictLast>();
-      if constexpr (kEarlyWeights) it.template load_weights<kNorm>(p, ptr);
-      scale = it.template pool_scale_of<kFp8>(p, ptr);
+        scale = it.template pool_scale_of<kFp8>(p, ptr);
       if constexpr (kAhead > 0) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
     }
   }
@@ -475,6 +475,9 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
   if (norm) {  // only where core::rope_norm_in_rotation_kernel (so p.width == V)
     constexpr int kRound = kNormRoundThenWeight, kOffset = kNormOffsetWeight;
     const bool round_first = norm_mode(p) == kNormRoundThenWeight;
+    // The row path's warp rows (blocks of several rounds always, one-round
+    // blocks in small calls): dynamic shared memory for the block's warps.
+    const size_t rows_bytes = kR ? static_cast<size_t>(shape.threads / 32) * warp_rows_bytes(p) : 0;
     if (shape.several_rounds) {
       // A call past one wave of these blocks ends with one-round slices of
       // its last tokens (kTail). Not with fp8 pools: the slice arithmetic
@@ -485,22 +488,23 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
             int64_t{Policy::norm_min_blocks_per_sm} * multiprocessors_on_current_device());
         if (blocks > p.num_tokens) {
           grid.x = static_cast<unsigned>(blocks);
-          return round_first
-                     ? launch_kernel(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, false, true>, grid, block,
-                                     stream, ptrs, ix, p)
-                     : launch_kernel(rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, false, true>, grid, block,
-                                     stream, ptrs, ix, p);
+          return round_first ? launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true>,
+                                                    grid, block, rows_bytes, stream, ptrs, ix, p)
+                             : launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true>,
+                                                    grid, block, rows_bytes, stream, ptrs, ix, p);
         }
       }
-      return round_first
-                 ? launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
-                 : launch_kernel(rope_pool_kernel<T, V, kAhead, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);
+      return round_first ? launch_kernel_shared(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF, kR, kR>, grid,
+                                                block, rows_bytes, stream, ptrs, ix, p)
+                         : launch_kernel_shared(rope_pool_kernel<T, V, kAhead, kFp8, kOffset, kF, kR, kR>, grid,
+                                                block, rows_bytes, stream, ptrs, ix, p);
     }
     if constexpr (kR) {
       if (core::rope_norm_stage(static_cast<int64_t>(grid.x) * grid.y, multiprocessors_on_current_device()))
-        return round_first
-                   ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR, true>, grid, block, stream, ptrs, ix, p)
-                   : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR, true>, grid, block, stream, ptrs, ix, p);
+        return round_first ? launch_kernel_shared(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR, true>, grid, block,
+                                                  rows_bytes, stream, ptrs, ix, p)
+                           : launch_kernel_shared(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR, true>, grid, block,
+                                                  rows_bytes, stream, ptrs, ix, p);
     }
     return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
                        : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);
