@@ -220,7 +220,7 @@ __device__ __forceinline__ void copy_async(void* smem, const void* gmem, int byt
 __device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Warp rows (core::RopeCudaPolicy::norm_warp_rows): each warp's copy, in
+// Warp rows (core::RopeCudaPolicy::norm_stage_max_blocks_per_sm): each warp's copy, in
 // shared memory, of the token's cos_sin_cache row (its rotary_dim entries)
 // and of the 2-byte norm weights (q's, then k's), copied asynchronously by
 // the warp's lanes, 16 bytes each, as soon as their addresses are known.

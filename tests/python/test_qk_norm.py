@@ -332,6 +332,27 @@ def test_cos_sin_cache_and_eps(T, hq, hkv, cache_dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("D", [64, 256, 512])
+@pytest.mark.parametrize("T", [37, 1100])  # one round per block; three
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("offset, w_same", [(0.0, True), (0.0, False), (1.0, True)], ids=["qwen3", "qwen3-f32w", "gemma"])
+def test_cache_rows_at_every_head_dim(D, T, cache_dtype, offset, w_same):
+    """With a cos_sin_cache each warp of the CUDA kernel copies the token's
+    row (and 2-byte Llama-style weights) into shared memory, a lane per 16
+    bytes: at head_dim 64 half the lanes copy nothing, at 256 and 512 a lane
+    copies several chunks. The rotation stays within the bound, and at
+    position 0 (the identity) the outputs are the normalized values bit for
+    bit."""
+    q, k, v, positions, slots, wq, wk = case(T, 8, 2, D, torch.bfloat16, seed=D + T,
+                                             w_dtype=torch.bfloat16 if w_same else torch.float32)
+    cache = attnprep.rope_cos_sin_cache(D, 1 << 16, 1e4, dtype=cache_dtype, device="cuda")
+    run(q, k, v, positions, slots, wq, wk, offset=offset, cache=cache)
+    positions.zero_()
+    q_rot, k_rot, qn, kn = run(q, k, v, positions, slots, wq, wk, offset=offset, cache=cache)
+    assert torch.equal(q_rot.cpu(), qn) and torch.equal(k_rot.cpu(), kn)
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("T, hq, hkv", [(1100, 32, 8), (1100, 24, 8), (1300, 64, 8)])  # 3, 3 (last partial), 5 rounds
 @pytest.mark.parametrize("sides", ["both", "q", "k"])
