@@ -333,7 +333,7 @@ def test_cos_sin_cache_and_eps(T, hq, hkv, cache_dtype):
 
 @requires_cuda
 @pytest.mark.parametrize("D", [64, 256, 512])
-@pytest.mark.parametrize("T", [37, 1100])  # one round per block; three
+@pytest.mark.parametrize("T", [37, 1100])  # split tokens; whole tokens (2-3 rounds from head_dim 256)
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("offset, w_same", [(0.0, True), (0.0, False), (1.0, True)], ids=["qwen3", "qwen3-f32w", "gemma"])
 def test_cache_rows_at_every_head_dim(D, T, cache_dtype, offset, w_same):
