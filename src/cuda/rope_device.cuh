@@ -228,17 +228,14 @@ __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wai
 // read the same frequencies read the same bytes, one shared-memory access for
 // the warp where a copy per thread took four, and the copies hold no
 // registers while they travel.
+// (Host and device: the launcher sizes the dynamic shared memory with it.)
 struct WarpRows {
   int row_chunks, weight_chunks;  // 16-byte chunks: the row, one tensor's weights
-  __device__ __forceinline__ explicit WarpRows(const RopePoolParams& p)
+  __host__ __device__ __forceinline__ explicit WarpRows(const RopePoolParams& p)
       : row_chunks(p.rotary_dim * (p.cache_bf16 ? 2 : 4) / 16), weight_chunks(p.head_dim * 2 / 16) {}
-  __device__ __forceinline__ int chunks() const { return row_chunks + 2 * weight_chunks; }
+  __host__ __device__ __forceinline__ int chunks() const { return row_chunks + 2 * weight_chunks; }
+  __host__ __device__ __forceinline__ int bytes() const { return 16 * chunks(); }
 };
-// The warp rows' bytes per warp, as the launcher sizes the dynamic shared
-// memory (the same arithmetic as WarpRows).
-inline int warp_rows_bytes(const RopePoolParams& p) {
-  return p.rotary_dim * (p.cache_bf16 ? 2 : 4) + 2 * p.head_dim * 2;
-}
 
 // The weights' copies, by the warp's lanes; a tensor whose weights are not
 // 2-byte is not copied (its items read it from global memory).

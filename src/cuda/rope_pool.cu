@@ -27,6 +27,15 @@ constexpr int kThreads = Policy::max_threads;
 // launcher's choice below), which the launch bounds rely on.
 static_assert(Policy::prefetch_rounds_ahead > 0, "several-round blocks must prefetch");
 
+// Whether q's (is_k: k's) norm weights are 2-byte and meet the normalized
+// values with the Llama/Qwen3 rounding, as one paired multiply in T.
+template <typename T, int kNorm>
+__device__ __forceinline__ bool paired_weights(const RopePoolParams& p, bool is_k) {
+  if constexpr (kNorm == kNormRoundThenWeight && sizeof(T) == 2)
+    return is_k ? p.norm_k && !p.k_norm_f32 : p.norm_q && !p.q_norm_f32;
+  return false;
+}
+
 // One work item: up to two groups of W elements of one head (lo, and hi when
 // `two`), where they come from and go to, and which frequencies rotate them.
 // kNeoxFull: the common shape, known at compile time (NeoX pairs, the whole
@@ -145,9 +154,7 @@ struct Item {
   // Llama/Qwen3 rounding as one paired multiply (kRowCs only).
   template <int kNorm>
   __device__ __forceinline__ bool pair_weights(const RopePoolParams& p) const {
-    if constexpr (kNorm == kNormRoundThenWeight && sizeof(T) == 2)
-      return !is_v && (is_q ? p.norm_q && !p.q_norm_f32 : p.norm_k && !p.k_norm_f32);
-    return false;
+    return !is_v && paired_weights<T, kNorm>(p, !is_q);
   }
   // Those weights into w_lo / w_hi, from their tensors (one-round blocks
   // past the warp rows' limit, RopeCudaPolicy::norm_stage_max_blocks_per_sm).
@@ -196,8 +203,7 @@ struct Item {
   // token's cos_sin_cache row (row_cos_sin), else from the block's table
   // `cs`; kWarpRows: the 2-byte weights and the cos/sin from the warp's
   // rows in shared memory (`rows` at `area`) instead. Groups of W > 1
-  // elements (W even)
-  // compute on pairs (Group::get2/set2).
+  // elements (W even) compute on pairs (Group::get2/set2).
   template <bool kFp8, int kNorm, bool kRowCs, bool kWarpRows>
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr,
                                          const core::RopeCudaIndex& ix, const float2* cs, int64_t pos, bool pos_ok,
@@ -334,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
                      const __grid_constant__ RopePoolParams p) {
   __shared__ float2 cs[kRowCs ? 1 : ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
   __shared__ __align__(16) float norm_w[kNorm != kNoNorm && !kRowCs ? 2 * kNormWeightsK : 4];
-  // kWarpRows: the warps' rows, warp_rows_bytes(p) each (the launcher's
+  // kWarpRows: the warps' rows, WarpRows::bytes() each (the launcher's
   // dynamic shared memory).
   static_assert(!kWarpRows || (kRowCs && kNorm != kNoNorm), "warp rows are for norm row blocks");
   static_assert(!kTail || (kAhead > 0 && kNorm != kNoNorm && !kFp8), "tails are for several-round norm blocks");
@@ -386,11 +392,10 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   int item = begin + threadIdx.x;
   if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
   // kWarpRows: the warps that rotate (in one-round blocks, those with a q or
-  // k item) copy the rows; which weights are 2-byte (Item::pair_weights).
+  // k item) copy the rows, and the weights their items multiply as pairs.
   bool warp_rows = false;
   if constexpr (kWarpRows) warp_rows = kAhead == 0 ? __any_sync(0xffffffffu, item < end && !it.is_v) : begin < n_qk;
-  constexpr bool kPairMode = kNorm == kNormRoundThenWeight && sizeof(T) == 2;
-  const bool copy_q = kPairMode && p.norm_q && !p.q_norm_f32, copy_k = kPairMode && p.norm_k && !p.k_norm_f32;
+  const bool copy_q = paired_weights<T, kNorm>(p, false), copy_k = paired_weights<T, kNorm>(p, true);
   const float first_inv_freq =
       !kRowCs && !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
 
@@ -456,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
     if (item < end) {
       it.locate(p, ptr, ix, t, item, n_qk);
       it.template load<kEvictLast>();
-        scale = it.template pool_scale_of<kFp8>(p, ptr);
+      scale = it.template pool_scale_of<kFp8>(p, ptr);
       if constexpr (kAhead > 0) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
     }
   }
@@ -477,7 +482,7 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
     const bool round_first = norm_mode(p) == kNormRoundThenWeight;
     // The row path's warp rows (blocks of several rounds always, one-round
     // blocks in small calls): dynamic shared memory for the block's warps.
-    const size_t rows_bytes = kR ? static_cast<size_t>(shape.threads / 32) * warp_rows_bytes(p) : 0;
+    const size_t rows_bytes = kR ? static_cast<size_t>(shape.threads / 32) * WarpRows(p).bytes() : 0;
     if (shape.several_rounds) {
       // A call past one wave of these blocks ends with one-round slices of
       // its last tokens (kTail). Not with fp8 pools: the slice arithmetic
