@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   const int end = min(n_all, begin + share);
   // One item in flight per thread, its loads issued before the cos/sin table
   // so they overlap that work. For RoPE alone into pools of q's dtype they
-  // also come before the token's position and slot are read: token_place's
+  // also come before the token's position and slot are read: check_token_place's
   // checks use the position at once, and loads placed after it were issued
   // only once it had arrived, so the data's first round trip followed the
   // position's instead of overlapping it. With the warp rows (kWarpRows)
