@@ -239,9 +239,8 @@ struct WarpRows {
 
 // The weights' copies, by the warp's lanes; a tensor whose weights are not
 // 2-byte is not copied (its items read it from global memory).
-__device__ __forceinline__ void copy_warp_weights(const RopePoolParams& p, const RopePoolPointers& ptr,
-                                                  const WarpRows& rows, uint4* area, bool copy_q, bool copy_k,
-                                                  int lane) {
+__device__ __forceinline__ void copy_warp_weights(const RopePoolPointers& ptr, const WarpRows& rows, uint4* area,
+                                                  bool copy_q, bool copy_k, int lane) {
 #pragma unroll 1
   for (int c = lane; c < 2 * rows.weight_chunks; c += 32) {
     const bool k = c >= rows.weight_chunks;

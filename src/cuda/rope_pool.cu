@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // position travels, not after its checks.
   if constexpr (kWarpRows) {
     if (item < end) it.template load<kEvictLast>();
-    if (warp_rows) copy_warp_weights(p, ptr, rows, area, copy_q, copy_k, lane32);
+    if (warp_rows) copy_warp_weights(ptr, rows, area, copy_q, copy_k, lane32);
   }
   place = check_token_place(p, place);
   const int64_t pos = place.pos, slot = place.slot;
