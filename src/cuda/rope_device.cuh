@@ -17,6 +17,7 @@
 #include "core/rope_pool_params.h"
 #include "cuda/copy_loads.cuh"
 #include "cuda/elements.cuh"
+#include "cuda/rcp_sqrt.cuh"
 #include "cuda/rope_pool.h"
 
 namespace attnprep::cuda::rope {
@@ -417,17 +418,16 @@ __device__ __forceinline__ float group_squares(const Group<T, N>& g) {
   return s[0];
 }
 
-// 1 / sqrt(ss / head_dim + eps), each step correctly rounded.
-// (1 / x correctly rounded is the correctly rounded reciprocal: __frcp_rn,
-// without the division's general path.)
+// 1 / sqrt(ss / head_dim + eps), each step correctly rounded (the root and
+// the reciprocal: rcp_sqrt_rn).
 __device__ __forceinline__ float norm_factor(float ss, const RopePoolParams& p) {
-  return __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(p.head_dim)), p.norm_eps)));
+  return rcp_sqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(p.head_dim)), p.norm_eps));
 }
 // The same where head_dim is a power of two: ss / head_dim is then exactly
 // ss * inv_head_dim (both are ss 2^-k correctly rounded), a multiply instead
 // of a division per item.
 __device__ __forceinline__ float norm_factor_pow2(float ss, float inv_head_dim, const RopePoolParams& p) {
-  return __frcp_rn(__fsqrt_rn(__fadd_rn(__fmul_rn(ss, inv_head_dim), p.norm_eps)));
+  return rcp_sqrt_rn(__fadd_rn(__fmul_rn(ss, inv_head_dim), p.norm_eps));
 }
 // 1 / head_dim for head_dim a power of two 2^k: 2^-k, built from its exponent
 // bits (exact, and no division between the butterfly and the root).

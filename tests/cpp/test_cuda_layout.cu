@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "check.h"
+#include "gpu_main.h"
 #include "core/pack_qkv.h"
 #include "core/usp_merge_heads.h"
 #include "cpu/layout_reference.h"
@@ -111,11 +112,4 @@ TEST_CASE("GPU pack: bit-exact against the reference") {
   CHECK_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
-int main() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  return test::run_all();
-}
+int main() { return test::run_all_on_gpu(); }
