@@ -197,3 +197,15 @@ def test_rope_norm_table(on_cpu, capsys):
     for row in rows:
         close(numbers(row, [peer]), [row[0], 8.0, 1e3, 400.0, 0.5, GRAPH_US, COPY_GRAPH_US, 3e3, 5 / 3 * 100,
                                      GRAPH_US, peer, 6e3, GRAPH_US, 6.0, 1.0, NAN, NAN, NAN, NAN])
+
+
+def test_compiled_peers_at_their_best(monkeypatch):
+    """The compiled peer's columns: its name and kernel time from the formulation fastest by kernel time,
+    its graph replay from whichever formulation replays fastest (here the other one), none at large T."""
+    replay = {"launches fewer kernels": 3.0, "faster kernels": 5.0}
+    monkeypatch.setattr(common, "graph_replay_us", lambda fn: replay[fn()])
+    ms = {"faster kernels": 1e-3, "launches fewer kernels": 2e-3}
+    calls = {name: (lambda name=name: name) for name in ms}
+    assert bench_rope_pool.fastest_compiled(ms, calls, True) == ("faster kernels", 1e-3, 3.0)
+    name, tc, graph = bench_rope_pool.fastest_compiled(ms, calls, False)
+    assert (name, tc) == ("faster kernels", 1e-3) and math.isnan(graph)
