@@ -3,8 +3,6 @@
 // __frcp_rn(__fsqrt_rn(v)) and the CPU reference's 1.0f / std::sqrt(v) give.
 #pragma once
 
-#include <cstdint>
-
 namespace attnprep::cuda {
 
 // RN(1 / RN(sqrt(v))) for every float v. Where v is in [2^-101, FLT_MAX]
