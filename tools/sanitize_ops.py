@@ -212,7 +212,9 @@ def check_qk_norm():
     several, where the 2-byte weights are loaded with the item's data; past
     one wave of several-round blocks (9 per multiprocessor) a call's last
     tokens in one-round slices (core::plan_rope_cuda_tail), with and without
-    a cos_sin_cache."""
+    a cos_sin_cache; with rope_base and aligned weights at head_dim 128, the
+    rows each warp computes (one-round and several-round blocks, flat and
+    fp8 pools)."""
     from attnprep.testing import rms_norm_reference
     past_wave = 9 * torch.cuda.get_device_properties(DEV).multi_processor_count + 57
     for dtype, dim, T, neox, layout, with_cache, (hq, hkv) in [
@@ -226,7 +228,8 @@ def check_qk_norm():
             (torch.bfloat16, 128, 1100, True, "NHD", True, (6, 2)),
             (torch.bfloat16, 128, 1100, True, "flat", True, (16, 4)),
             (torch.float32, 80, 33, True, "HND", True, (6, 2)), (torch.bfloat16, 512, 9, True, "flat", True, (6, 2)),
-            (torch.bfloat16, 128, 17, True, "flat", True, (8, 2)), (torch.bfloat16, 128, 17, True, "NHD", True, (8, 2))]:
+            (torch.bfloat16, 128, 17, True, "flat", True, (8, 2)), (torch.bfloat16, 128, 17, True, "NHD", True, (8, 2)),
+            (torch.bfloat16, 128, 1100, True, "NHD", False, (16, 4)), (torch.float32, 128, 17, True, "NHD", False, (8, 2))]:
         q, k, v = (at_end((T, n, dim), dtype) for n in (hq, hkv, hkv))
         wq, wk = at_end((dim,), torch.float32), at_end((dim,), dtype)
         positions = at_end((T,), torch.int64, fill=False)
