@@ -398,6 +398,13 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   const bool copy_q = paired_weights<T, kNorm>(p, false), copy_k = paired_weights<T, kNorm>(p, true);
   const float first_inv_freq =
       !kRowCs && !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
+  // The thread's inverse frequency, parked in its own table entry before the
+  // wait: ptxas sinks a parameter read below griddepcontrol.wait, and this
+  // one (an indexed read of the parameter bank, cold at each launch) then
+  // stood between the wait and the table; a shared-memory store keeps it
+  // above the wait, where it overlaps the kernel before.
+  if constexpr (!kRowCs)
+    if (static_cast<int>(threadIdx.x) < half) cs[threadIdx.x].x = first_inv_freq;
 
   wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
   // Not at entry, as the copy engine does: the next call's blocks would then
@@ -436,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // the cos/sin work, which costs more than the barrier.
   if constexpr (!kRowCs) {
     for (int i = threadIdx.x; i < half; i += blockDim.x)
-      cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? first_inv_freq : p.inv_freq[i]);
+      cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? cs[i].x : p.inv_freq[i]);
     if constexpr (kNorm != kNoNorm) finish_norm_weights<T>(norm_w, p, ptr, first_w);
     __syncthreads();
   }
