@@ -212,9 +212,8 @@ def check_qk_norm():
     several, where the 2-byte weights are loaded with the item's data; past
     one wave of several-round blocks (9 per multiprocessor) a call's last
     tokens in one-round slices (core::plan_rope_cuda_tail), with and without
-    a cos_sin_cache; with rope_base and aligned weights at head_dim 128, the
-    rows each warp computes (one-round and several-round blocks, flat and
-    fp8 pools)."""
+    a cos_sin_cache; with rope_base at head_dim 128, the block's cos/sin
+    table in blocks of several rounds (fp8 pools) and of one (float32)."""
     from attnprep.testing import rms_norm_reference
     past_wave = 9 * torch.cuda.get_device_properties(DEV).multi_processor_count + 57
     for dtype, dim, T, neox, layout, with_cache, (hq, hkv) in [
