@@ -1,5 +1,6 @@
-// sin and cos of a float32 rotary angle, each within one float32 ulp of the
-// true value (docs/contract.md: "a few float32 ulp"), at any magnitude.
+// sin and cos of a float32 rotary angle: below 2^52 each within 0.501
+// float32 ulp of the true value (a double rounded once; docs/contract.md),
+// a few float32 ulp at 2^52 and beyond on the device (see below).
 //
 // Why not CUDA's sincosf: above |angle| = 105615 it switches to a Payne-Hanek
 // reduction that walks a table through local memory, and rotary angles reach

@@ -120,8 +120,8 @@ __device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const R
                                                 bool pos_ok, int i, float inv_freq_i) {
   float c, s;
   if (!p.use_cache) {
-    // float32 angle; sin/cos correctly rounded at any magnitude, with no
-    // slow path (core/angle_sincos.h says why not sincosf)
+    // float32 angle; sin/cos from a double rounded once below 2^52, with
+    // no slow path there (core/angle_sincos.h says why not sincosf)
     const float angle = __fmul_rn(static_cast<float>(pos), inv_freq_i);
     core::angle_sincos(angle, &s, &c);
   } else if (pos_ok) {

@@ -660,7 +660,7 @@ TEST_CASE("float16/bfloat16 conversions round to nearest even") {
 // on every rotary angle of positions below 2^21 at three frequencies, on
 // random magnitudes from 2^-30 to 2^30, next to multiples of pi/2 (where the
 // reduction cancels most digits), and on the fallback range past 2^52.
-TEST_CASE("angle_sincos is correctly rounded at every magnitude") {
+TEST_CASE("angle_sincos is within 0.501 ulp at every magnitude on the host") {
   auto ulp = [](double d) {
     int e;
     std::frexp(std::fabs(d), &e);
