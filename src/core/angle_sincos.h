@@ -67,13 +67,16 @@ ATTNPREP_HD void angle_sincos(float angle, float* sin_out, float* cos_out) {
   pc = ::fma(pc, r2, -0.5);                // -1/2!
   const double c = ::fma(pc, r2, 1.0);
 
-  // angle = k pi/2 + r: rotate (sin r, cos r) by the quadrant k mod 4.
-  switch (static_cast<int>(static_cast<int64_t>(k) & 3)) {
-    case 0: *sin_out = static_cast<float>(s); *cos_out = static_cast<float>(c); break;
-    case 1: *sin_out = static_cast<float>(c); *cos_out = static_cast<float>(-s); break;
-    case 2: *sin_out = static_cast<float>(-s); *cos_out = static_cast<float>(-c); break;
-    default: *sin_out = static_cast<float>(-c); *cos_out = static_cast<float>(s); break;
-  }
+  // angle = k pi/2 + r: rotate (sin r, cos r) by the quadrant k mod 4 --
+  // (s, c), (c, -s), (-s, -c), (-c, s) -- with selects, not a branch per
+  // quadrant: a warp's lanes hold angles in every quadrant, and branches
+  // would run the four cases (and their conversions) one after another.
+  // Rounding to float32 is symmetric, so negating after it is exact.
+  const int quadrant = static_cast<int>(static_cast<int64_t>(k) & 3);
+  const float fs = static_cast<float>(s), fc = static_cast<float>(c);
+  const float so = quadrant & 1 ? fc : fs, co = quadrant & 1 ? fs : fc;
+  *sin_out = quadrant & 2 ? -so : so;
+  *cos_out = (quadrant + 1) & 2 ? -co : co;
 }
 
 }  // namespace attnprep::core
