@@ -1,4 +1,4 @@
-// How long one correctly rounded sin/cos (core::angle_sincos, what the
+// How long one sin/cos of core::angle_sincos (a double rounded once; what the
 // rope_base path computes per frequency before its block's barrier) holds a
 // warp: one warp evaluates a chain of kCalls dependent calls (each angle
 // nudged by the previous result, too little to change it), clock64 around
