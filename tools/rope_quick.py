@@ -1,6 +1,6 @@
 """rope_pool_fused alone, for A/B runs (tools/gpu_ab.sh): kernel time, % of a
 copy of the same bytes and CUDA-graph replay per call, for RoPE alone, the QK
-norm (32/8 and 64/8 heads; Gemma's offset weights with 32/8) and fp8 pages,
+norm (32/8, 64/8 and 16/8 heads; Gemma's offset weights with 32/8) and fp8 pages,
 at T = 1 ... 8192 (bf16, head_dim 128; --tokens, --cases pick others), with
 cos/sin from rope_base and from a float32 cos_sin_cache. --triton adds the
 Triton peer of bench/peers.py on the same data (cache cases in q's dtype,
@@ -19,7 +19,8 @@ from attnprep import _bench as common
 
 D, POOL = 128, 1 << 20
 CASES = [("rope", 32, False, False), ("rope64", 64, False, False), ("norm", 32, False, True), ("norm64", 64, False, True),
-         ("gemma", 32, False, True), ("fp8", 32, True, False)]  # gemma: the QK norm with Gemma's (1 + w)
+         ("norm16", 16, False, True), ("gemma", 32, False, True), ("fp8", 32, True, False)]
+# gemma: the QK norm with Gemma's (1 + w); norm16: 16/8 heads, a token of two rounds of 128 items (32/8: three, 64/8: five)
 MAXPOS = 131072
 
 
