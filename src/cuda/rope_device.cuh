@@ -372,10 +372,15 @@ __device__ __forceinline__ float staged_weight(uint32_t bits, bool on, bool f32,
   return offset == 0.f ? w : __fadd_rn(offset, w);
 }
 
+// raw_q / raw_k: that section holds the 2-byte weights as loaded, in T (for
+// one paired multiply, normalize_round_then_t_weight), not as float32.
 template <typename T>
-__device__ __forceinline__ void store_norm_weights(float* w, const RopePoolParams& p, int i, NormWeightBits b) {
-  w[i] = staged_weight<T>(b.q, p.norm_q, p.q_norm_f32, p.norm_offset);
-  w[kNormWeightsK + i] = staged_weight<T>(b.k, p.norm_k, p.k_norm_f32, p.norm_offset);
+__device__ __forceinline__ void store_norm_weights(float* w, const RopePoolParams& p, int i, NormWeightBits b,
+                                                   bool raw_q, bool raw_k) {
+  if (raw_q) reinterpret_cast<unsigned short*>(w)[i] = static_cast<unsigned short>(b.q);
+  else w[i] = staged_weight<T>(b.q, p.norm_q, p.q_norm_f32, p.norm_offset);
+  if (raw_k) reinterpret_cast<unsigned short*>(w + kNormWeightsK)[i] = static_cast<unsigned short>(b.k);
+  else w[kNormWeightsK + i] = staged_weight<T>(b.k, p.norm_k, p.k_norm_f32, p.norm_offset);
 }
 
 template <typename T>
@@ -386,10 +391,11 @@ __device__ __forceinline__ NormWeightBits start_norm_weights(const RopePoolParam
 
 template <typename T>
 __device__ __forceinline__ void finish_norm_weights(float* w, const RopePoolParams& p, const RopePoolPointers& ptr,
-                                                    NormWeightBits first) {
+                                                    NormWeightBits first, bool raw_q = false, bool raw_k = false) {
   int i = static_cast<int>(threadIdx.x);
-  if (i < p.head_dim) store_norm_weights<T>(w, p, i, first);
-  for (i += blockDim.x; i < p.head_dim; i += blockDim.x) store_norm_weights<T>(w, p, i, load_norm_weights<T>(p, ptr, i));
+  if (i < p.head_dim) store_norm_weights<T>(w, p, i, first, raw_q, raw_k);
+  for (i += blockDim.x; i < p.head_dim; i += blockDim.x)
+    store_norm_weights<T>(w, p, i, load_norm_weights<T>(p, ptr, i), raw_q, raw_k);
 }
 
 // The squares of a group's N elements summed pairwise (adjacent elements,

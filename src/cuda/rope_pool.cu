@@ -235,8 +235,18 @@ struct Item {
           }
         } else {
           const float* wh = w + (is_q ? 0 : kNormWeightsK);
-          normalize_group<kNorm>(lo, wh + lo_off, inv);
-          if (has_hi()) normalize_group<kNorm>(hi, wh + hi_off, inv);
+          if (kNeoxFull && pair_weights<kNorm>(p)) {  // staged in T (finish_norm_weights' raw sections)
+            if constexpr (kNeoxFull && kNorm == kNormRoundThenWeight && sizeof(T) == 2) {
+              const T* wt = reinterpret_cast<const T*>(wh);
+              *reinterpret_cast<uint4*>(w_lo.e) = *reinterpret_cast<const uint4*>(wt + lo_off);
+              *reinterpret_cast<uint4*>(w_hi.e) = *reinterpret_cast<const uint4*>(wt + hi_off);
+              normalize_round_then_t_weight(lo, w_lo, inv);
+              normalize_round_then_t_weight(hi, w_hi, inv);
+            }
+          } else {
+            normalize_group<kNorm>(lo, wh + lo_off, inv);
+            if (has_hi()) normalize_group<kNorm>(hi, wh + hi_off, inv);
+          }
         }
       }
     }
@@ -444,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   if constexpr (!kRowCs) {
     for (int i = threadIdx.x; i < half; i += blockDim.x)
       cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? cs[i].x : p.inv_freq[i]);
-    if constexpr (kNorm != kNoNorm) finish_norm_weights<T>(norm_w, p, ptr, first_w);
+    if constexpr (kNorm != kNoNorm) finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k);
     __syncthreads();
   }
   for (;;) {
