@@ -342,10 +342,11 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // dtype; core::plan_rope_cuda_tail): blocks from ix.whole_tokens on serve
 // the call's last tokens in one-round slices.
 template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs, bool kWarpRows = false,
-          bool kTail = false>
+          bool kTail = false, bool kShortToken = false>
 __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_blocks_per_sm
                                            : kAhead == 0 && !kFp8 ? Policy::norm_one_round_min_blocks_per_sm
-                                                                  : Policy::norm_min_blocks_per_sm)
+                                           : kShortToken ? Policy::norm_short_token_min_blocks_per_sm
+                                                         : Policy::norm_min_blocks_per_sm)
     rope_pool_kernel(const RopePoolPointers ptr, const core::RopeCudaIndex ix,
                      const __grid_constant__ RopePoolParams p) {
   __shared__ float2 cs[kRowCs ? 1 : ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
@@ -505,16 +506,35 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
       // its last tokens (kTail). Not with fp8 pools: the slice arithmetic
       // made those instantiations spill under the occupancy target.
       if constexpr (!kFp8) {
-        const int64_t blocks = core::plan_rope_cuda_tail(
-            ix, core::rope_items_per_token(p), p.num_tokens, shape.threads, p.qk_items_per_head,
-            int64_t{Policy::norm_min_blocks_per_sm} * multiprocessors_on_current_device());
-        if (blocks > p.num_tokens) {
-          grid.x = static_cast<unsigned>(blocks);
+        // Short tokens on the row path: more blocks per multiprocessor
+        // (RopeCudaPolicy::norm_short_token_max_rounds).
+        const bool short_token =
+            kR && core::rope_items_per_token(p) <= int64_t{Policy::norm_short_token_max_rounds} * shape.threads;
+        const int32_t per_sm = short_token ? Policy::norm_short_token_min_blocks_per_sm : Policy::norm_min_blocks_per_sm;
+        const int64_t blocks = core::plan_rope_cuda_tail(ix, core::rope_items_per_token(p), p.num_tokens,
+                                                         shape.threads, p.qk_items_per_head,
+                                                         int64_t{per_sm} * multiprocessors_on_current_device());
+        if (blocks > p.num_tokens) grid.x = static_cast<unsigned>(blocks);
+        if constexpr (kR) {
+          if (short_token) {
+            if (blocks > p.num_tokens)
+              return round_first
+                         ? launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true, true>,
+                                                grid, block, rows_bytes, stream, ptrs, ix, p)
+                         : launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true, true>,
+                                                grid, block, rows_bytes, stream, ptrs, ix, p);
+            return round_first
+                       ? launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, false, true>,
+                                              grid, block, rows_bytes, stream, ptrs, ix, p)
+                       : launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, false, true>,
+                                              grid, block, rows_bytes, stream, ptrs, ix, p);
+          }
+        }
+        if (blocks > p.num_tokens)
           return round_first ? launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true>,
                                                     grid, block, rows_bytes, stream, ptrs, ix, p)
                              : launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true>,
                                                     grid, block, rows_bytes, stream, ptrs, ix, p);
-        }
       }
       return round_first ? launch_kernel_shared(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF, kR, kR>, grid,
                                                 block, rows_bytes, stream, ptrs, ix, p)
