@@ -340,7 +340,10 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // every block reads share the first cache lines of the parameter bank, which
 // is cold at each launch. kTail (several rounds, the QK norm, pools in q's
 // dtype; core::plan_rope_cuda_tail): blocks from ix.whole_tokens on serve
-// the call's last tokens in one-round slices.
+// the call's last tokens in one-round slices. kShortToken (several rounds,
+// the QK norm, the row path, tokens of at most
+// RopeCudaPolicy::norm_short_token_max_rounds rounds): the launch bounds ask
+// for norm_short_token_min_blocks_per_sm instead of norm_min_blocks_per_sm.
 template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs, bool kWarpRows = false,
           bool kTail = false, bool kShortToken = false>
 __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_blocks_per_sm
