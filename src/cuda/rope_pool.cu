@@ -165,6 +165,12 @@ struct Item {
     w_lo.load(wt + lo_off);
     w_hi.load(wt + hi_off);
   }
+  // The item's 2-byte weights from one tensor's copy in shared memory, in T
+  // (the warp rows, or the block's staged raw sections), into w_lo / w_hi.
+  __device__ __forceinline__ void read_t_weights(const T* wt) {
+    *reinterpret_cast<uint4*>(w_lo.e) = *reinterpret_cast<const uint4*>(wt + lo_off);
+    *reinterpret_cast<uint4*>(w_hi.e) = *reinterpret_cast<const uint4*>(wt + hi_off);
+  }
   // fp8 pools: the dequantization scale of the item's pool row, read right
   // after its loads so that the round trip overlaps theirs (read where the
   // row is written, it would add a second round trip before every store).
@@ -212,41 +218,28 @@ struct Item {
     static_assert(!kRowCs || (kNeoxFull && W > 1), "rows are read for the common shape only");
     if constexpr (kNorm != kNoNorm) {
       if (!is_v && (is_q ? p.norm_q : p.norm_k)) {
-        if constexpr (kRowCs) {  // the weights straight from their tensor, as the cos/sin
+        if (kNeoxFull && pair_weights<kNorm>(p)) {
           // 2-byte weights with the Llama/Qwen3 rounding: one paired multiply
-          if (pair_weights<kNorm>(p)) {
-            if constexpr (kWarpRows) {
-              const T* wt = reinterpret_cast<const T*>(area + rows.row_chunks + (is_q ? 0 : rows.weight_chunks));
-              *reinterpret_cast<uint4*>(w_lo.e) = *reinterpret_cast<const uint4*>(wt + lo_off);
-              *reinterpret_cast<uint4*>(w_hi.e) = *reinterpret_cast<const uint4*>(wt + hi_off);
-            } else {
-              load_weights<kNorm>(p, ptr);
-            }
-            if constexpr (kNorm == kNormRoundThenWeight && sizeof(T) == 2) {
-              normalize_round_then_t_weight(lo, w_lo, inv);
-              normalize_round_then_t_weight(hi, w_hi, inv);
-            }
-          } else {
-            float wv[W];
-            row_norm_weights<kNorm, T>(p, ptr, !is_q, lo_off, wv);
-            normalize_with<kNorm>(lo, [&](int i) { return wv[i]; }, inv);
-            row_norm_weights<kNorm, T>(p, ptr, !is_q, hi_off, wv);
-            normalize_with<kNorm>(hi, [&](int i) { return wv[i]; }, inv);
+          if constexpr (kWarpRows)
+            read_t_weights(reinterpret_cast<const T*>(area + rows.row_chunks + (is_q ? 0 : rows.weight_chunks)));
+          else if constexpr (kRowCs)  // straight from their tensor, as the cos/sin
+            load_weights<kNorm>(p, ptr);
+          else  // staged in T (finish_norm_weights' raw sections)
+            read_t_weights(reinterpret_cast<const T*>(w + (is_q ? 0 : kNormWeightsK)));
+          if constexpr (kNorm == kNormRoundThenWeight && sizeof(T) == 2) {
+            normalize_round_then_t_weight(lo, w_lo, inv);
+            normalize_round_then_t_weight(hi, w_hi, inv);
           }
+        } else if constexpr (kRowCs) {
+          float wv[W];
+          row_norm_weights<kNorm, T>(p, ptr, !is_q, lo_off, wv);
+          normalize_with<kNorm>(lo, [&](int i) { return wv[i]; }, inv);
+          row_norm_weights<kNorm, T>(p, ptr, !is_q, hi_off, wv);
+          normalize_with<kNorm>(hi, [&](int i) { return wv[i]; }, inv);
         } else {
           const float* wh = w + (is_q ? 0 : kNormWeightsK);
-          if (kNeoxFull && pair_weights<kNorm>(p)) {  // staged in T (finish_norm_weights' raw sections)
-            if constexpr (kNeoxFull && kNorm == kNormRoundThenWeight && sizeof(T) == 2) {
-              const T* wt = reinterpret_cast<const T*>(wh);
-              *reinterpret_cast<uint4*>(w_lo.e) = *reinterpret_cast<const uint4*>(wt + lo_off);
-              *reinterpret_cast<uint4*>(w_hi.e) = *reinterpret_cast<const uint4*>(wt + hi_off);
-              normalize_round_then_t_weight(lo, w_lo, inv);
-              normalize_round_then_t_weight(hi, w_hi, inv);
-            }
-          } else {
-            normalize_group<kNorm>(lo, wh + lo_off, inv);
-            if (has_hi()) normalize_group<kNorm>(hi, wh + hi_off, inv);
-          }
+          normalize_group<kNorm>(lo, wh + lo_off, inv);
+          if (has_hi()) normalize_group<kNorm>(hi, wh + hi_off, inv);
         }
       }
     }
@@ -504,6 +497,12 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
     // The row path's warp rows (blocks of several rounds always, one-round
     // blocks in small calls): dynamic shared memory for the block's warps.
     const size_t rows_bytes = kR ? static_cast<size_t>(shape.threads / 32) * WarpRows(p).bytes() : 0;
+    // The instantiation of the call's weight mode (Llama/Qwen3's rounding
+    // first, or Gemma's offset), with the warp rows' shared memory.
+    const auto launch_mode = [&](auto round_kernel, auto offset_kernel) {
+      return round_first ? launch_kernel_shared(round_kernel, grid, block, rows_bytes, stream, ptrs, ix, p)
+                         : launch_kernel_shared(offset_kernel, grid, block, rows_bytes, stream, ptrs, ix, p);
+    };
     if (shape.several_rounds) {
       // A call past one wave of these blocks ends with one-round slices of
       // its last tokens (kTail). Not with fp8 pools: the slice arithmetic
@@ -517,39 +516,27 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
         const int64_t blocks = core::plan_rope_cuda_tail(ix, core::rope_items_per_token(p), p.num_tokens,
                                                          shape.threads, p.qk_items_per_head,
                                                          int64_t{per_sm} * multiprocessors_on_current_device());
-        if (blocks > p.num_tokens) grid.x = static_cast<unsigned>(blocks);
+        const bool tail = blocks > p.num_tokens;
+        if (tail) grid.x = static_cast<unsigned>(blocks);
         if constexpr (kR) {
-          if (short_token) {
-            if (blocks > p.num_tokens)
-              return round_first
-                         ? launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true, true>,
-                                                grid, block, rows_bytes, stream, ptrs, ix, p)
-                         : launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true, true>,
-                                                grid, block, rows_bytes, stream, ptrs, ix, p);
-            return round_first
-                       ? launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, false, true>,
-                                              grid, block, rows_bytes, stream, ptrs, ix, p)
-                       : launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, false, true>,
-                                              grid, block, rows_bytes, stream, ptrs, ix, p);
-          }
+          if (short_token && tail)
+            return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true, true>,
+                               rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true, true>);
+          if (short_token)
+            return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, false, true>,
+                               rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, false, true>);
         }
-        if (blocks > p.num_tokens)
-          return round_first ? launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true>,
-                                                    grid, block, rows_bytes, stream, ptrs, ix, p)
-                             : launch_kernel_shared(rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true>,
-                                                    grid, block, rows_bytes, stream, ptrs, ix, p);
+        if (tail)
+          return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true>,
+                             rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true>);
       }
-      return round_first ? launch_kernel_shared(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF, kR, kR>, grid,
-                                                block, rows_bytes, stream, ptrs, ix, p)
-                         : launch_kernel_shared(rope_pool_kernel<T, V, kAhead, kFp8, kOffset, kF, kR, kR>, grid,
-                                                block, rows_bytes, stream, ptrs, ix, p);
+      return launch_mode(rope_pool_kernel<T, V, kAhead, kFp8, kRound, kF, kR, kR>,
+                         rope_pool_kernel<T, V, kAhead, kFp8, kOffset, kF, kR, kR>);
     }
     if constexpr (kR) {
       if (core::rope_norm_stage(static_cast<int64_t>(grid.x) * grid.y, multiprocessors_on_current_device()))
-        return round_first ? launch_kernel_shared(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR, true>, grid, block,
-                                                  rows_bytes, stream, ptrs, ix, p)
-                           : launch_kernel_shared(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR, true>, grid, block,
-                                                  rows_bytes, stream, ptrs, ix, p);
+        return launch_mode(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR, true>,
+                           rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR, true>);
     }
     return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
                        : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);
