@@ -403,6 +403,17 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   bool warp_rows = false;
   if constexpr (kWarpRows) warp_rows = kAhead == 0 ? __any_sync(0xffffffffu, item < end && !it.is_v) : begin < n_qk;
   const bool copy_q = paired_weights<T, kNorm>(p, false), copy_k = paired_weights<T, kNorm>(p, true);
+  // The table path (kNeoxFull), every normed side's weights 2-byte with the
+  // Llama/Qwen3 rounding and on 16 bytes: they are copied asynchronously
+  // into norm_w's raw sections (the image finish_norm_weights would store)
+  // before the position is read, so their round trip overlaps the
+  // position's instead of following its checks.
+  bool async_w = false;
+  if constexpr (kNorm != kNoNorm && !kRowCs && kNeoxFull) {
+    const auto on16 = [](const void* a) { return reinterpret_cast<uintptr_t>(a) % 16 == 0; };
+    async_w = (copy_q || copy_k) && (copy_q || !p.norm_q) && (copy_k || !p.norm_k) &&
+              (!copy_q || on16(ptr.q_norm_weight)) && (!copy_k || on16(ptr.k_norm_weight));
+  }
   const float first_inv_freq =
       !kRowCs && !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
   // The thread's inverse frequency, parked in its own table entry before the
@@ -417,6 +428,18 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // Not at entry, as the copy engine does: the next call's blocks would then
   // take multiprocessor slots this kernel's later tokens still need.
   let_next_kernel_start();
+  if constexpr (kNorm != kNoNorm && !kRowCs && kNeoxFull) {
+    if (async_w) {
+      const int chunks = p.head_dim * 2 / 16;  // one tensor's weights, 16 bytes a chunk
+      for (int c = threadIdx.x; c < 2 * chunks; c += blockDim.x) {
+        const bool k = c >= chunks;
+        if (k ? copy_k : copy_q)
+          copy_async(reinterpret_cast<uint4*>(norm_w + (k ? kNormWeightsK : 0)) + (c - (k ? chunks : 0)),
+                     static_cast<const uint4*>(k ? ptr.k_norm_weight : ptr.q_norm_weight) + (c - (k ? chunks : 0)), 16);
+      }
+      commit_async_copies();
+    }
+  }
   if constexpr (kDataFirst)
     if (item < end) it.template load<kEvictLast>();
   TokenPlace place = read_token_place(p, ptr, t);
@@ -445,13 +468,17 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
 #pragma unroll
   for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
   NormWeightBits first_w;  // the norm weights, staged around the table (start_norm_weights)
-  if constexpr (kNorm != kNoNorm && !kRowCs) first_w = start_norm_weights<T>(p, ptr);
+  if constexpr (kNorm != kNoNorm && !kRowCs)
+    if (!async_w) first_w = start_norm_weights<T>(p, ptr);
   // One table per block, behind one barrier: a table per warp would repeat
   // the cos/sin work, which costs more than the barrier.
   if constexpr (!kRowCs) {
     for (int i = threadIdx.x; i < half; i += blockDim.x)
       cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? cs[i].x : p.inv_freq[i]);
-    if constexpr (kNorm != kNoNorm) finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k);
+    if constexpr (kNorm != kNoNorm) {
+      if (async_w) wait_async_copies();
+      else finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k);
+    }
     __syncthreads();
   }
   for (;;) {
