@@ -538,21 +538,19 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
         // Short tokens on the row path: more blocks per multiprocessor
         // (RopeCudaPolicy::norm_short_token_max_rounds).
         const bool short_token =
-            kR && core::rope_items_per_token(p) <= int64_t{Policy::norm_short_token_max_rounds} * shape.threads;
+            core::rope_items_per_token(p) <= int64_t{Policy::norm_short_token_max_rounds} * shape.threads;
         const int32_t per_sm = short_token ? Policy::norm_short_token_min_blocks_per_sm : Policy::norm_min_blocks_per_sm;
         const int64_t blocks = core::plan_rope_cuda_tail(ix, core::rope_items_per_token(p), p.num_tokens,
                                                          shape.threads, p.qk_items_per_head,
                                                          int64_t{per_sm} * multiprocessors_on_current_device());
         const bool tail = blocks > p.num_tokens;
         if (tail) grid.x = static_cast<unsigned>(blocks);
-        if constexpr (kR) {
-          if (short_token && tail)
-            return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true, true>,
-                               rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true, true>);
-          if (short_token)
-            return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, false, true>,
-                               rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, false, true>);
-        }
+        if (short_token && tail)
+          return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true, true>,
+                             rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true, true>);
+        if (short_token)
+          return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, false, true>,
+                             rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, false, true>);
         if (tail)
           return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true>,
                              rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true>);
