@@ -136,11 +136,12 @@ struct RopeCudaPolicy {
   // at most this many blocks per multiprocessor: in larger calls (several
   // waves, bound by the loads in flight) reading the rows directly is faster.
   static constexpr int32_t norm_stage_max_blocks_per_sm = 5;
-  // Several-round blocks on the row path whose token is at most this many
-  // rounds (32/8 heads at head_dim 128: 3) run norm_short_token_min_blocks_per_sm
-  // per multiprocessor (48 registers): a tenth block gained such tokens more
-  // than its spills cost them, and cost tokens of 5 rounds (64/8) more than
-  // it gained them.
+  // Several-round blocks with the QK norm (cos/sin from cache rows or from
+  // the block's table) whose token is at most this many rounds (32/8 heads
+  // at head_dim 128: 3) run norm_short_token_min_blocks_per_sm per
+  // multiprocessor (48 registers): a tenth block gained such tokens more than
+  // its spills cost them, and cost tokens of 5 rounds (64/8) more than it
+  // gained them.
   static constexpr int32_t norm_short_token_max_rounds = 3;
   static constexpr int32_t norm_short_token_min_blocks_per_sm = 10;
   // The general QK-norm kernel (a lane holds up to 16 elements) needs up to

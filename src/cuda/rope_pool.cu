@@ -334,7 +334,7 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // is cold at each launch. kTail (several rounds, the QK norm, pools in q's
 // dtype; core::plan_rope_cuda_tail): blocks from ix.whole_tokens on serve
 // the call's last tokens in one-round slices. kShortToken (several rounds,
-// the QK norm, the row path, tokens of at most
+// the QK norm, pools in q's dtype, tokens of at most
 // RopeCudaPolicy::norm_short_token_max_rounds rounds): the launch bounds ask
 // for norm_short_token_min_blocks_per_sm instead of norm_min_blocks_per_sm.
 template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs, bool kWarpRows = false,
@@ -535,24 +535,22 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
       // its last tokens (kTail). Not with fp8 pools: the slice arithmetic
       // made those instantiations spill under the occupancy target.
       if constexpr (!kFp8) {
-        // Short tokens on the row path: more blocks per multiprocessor
+        // Short tokens: more blocks per multiprocessor
         // (RopeCudaPolicy::norm_short_token_max_rounds).
         const bool short_token =
-            kR && core::rope_items_per_token(p) <= int64_t{Policy::norm_short_token_max_rounds} * shape.threads;
+            core::rope_items_per_token(p) <= int64_t{Policy::norm_short_token_max_rounds} * shape.threads;
         const int32_t per_sm = short_token ? Policy::norm_short_token_min_blocks_per_sm : Policy::norm_min_blocks_per_sm;
         const int64_t blocks = core::plan_rope_cuda_tail(ix, core::rope_items_per_token(p), p.num_tokens,
                                                          shape.threads, p.qk_items_per_head,
                                                          int64_t{per_sm} * multiprocessors_on_current_device());
         const bool tail = blocks > p.num_tokens;
         if (tail) grid.x = static_cast<unsigned>(blocks);
-        if constexpr (kR) {
-          if (short_token && tail)
-            return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true, true>,
-                               rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true, true>);
-          if (short_token)
-            return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, false, true>,
-                               rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, false, true>);
-        }
+        if (short_token && tail)
+          return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true, true>,
+                             rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true, true>);
+        if (short_token)
+          return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, false, true>,
+                             rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, false, true>);
         if (tail)
           return launch_mode(rope_pool_kernel<T, V, kAhead, false, kRound, kF, kR, kR, true>,
                              rope_pool_kernel<T, V, kAhead, false, kOffset, kF, kR, kR, true>);

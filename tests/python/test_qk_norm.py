@@ -372,12 +372,12 @@ def test_cache_rows_with_weights_in_q_dtype_over_several_rounds(dtype, T, hq, hk
 @pytest.mark.parametrize("w_dtype, offset", [(torch.bfloat16, 0.0), (torch.float32, 1.0)], ids=["qwen3", "gemma"])
 def test_last_wave_in_one_round_slices(hq, extra, with_cache, w_dtype, offset):
     """Past one wave of whole-token blocks (RopeCudaPolicy: 9 blocks of 128
-    threads per multiprocessor with the QK norm; 10 on the cache-row path for
-    tokens of at most 3 rounds, norm_short_token_max_rounds), a call's last
+    threads per multiprocessor with the QK norm; 10 for tokens of at most 3
+    rounds, norm_short_token_max_rounds), a call's last
     tokens go in one-round slices (core::plan_rope_cuda_tail). They match the
     reference, and bit for bit what the same tokens give in whole-token
     blocks: the call again with its tokens in reverse order."""
-    per_sm = 10 if with_cache and hq == 32 else 9
+    per_sm = 10 if hq == 32 else 9
     resident = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
     q, k, v, positions, slots, wq, wk = case(resident + extra, hq, 8, 128, torch.bfloat16, seed=extra,
                                              w_dtype=w_dtype)
