@@ -27,6 +27,10 @@ constexpr int kThreads = Policy::max_threads;
 // launcher's choice below), which the launch bounds rely on.
 static_assert(Policy::prefetch_rounds_ahead > 0, "several-round blocks must prefetch");
 
+// Whether a pointer starts on 16 bytes (what one vector access of a row or of
+// the norm weights needs).
+__host__ __device__ __forceinline__ bool on16(const void* a) { return reinterpret_cast<uintptr_t>(a) % 16 == 0; }
+
 // Whether q's (is_k: k's) norm weights are 2-byte and meet the normalized
 // values with the Llama/Qwen3 rounding, as one paired multiply in T.
 template <typename T, int kNorm>
@@ -410,7 +414,6 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // position's instead of following its checks.
   bool async_w = false;
   if constexpr (kNorm != kNoNorm && !kRowCs && kNeoxFull) {
-    const auto on16 = [](const void* a) { return reinterpret_cast<uintptr_t>(a) % 16 == 0; };
     async_w = (copy_q || copy_k) && (copy_q || !p.norm_q) && (copy_k || !p.norm_k) &&
               (!copy_q || on16(ptr.q_norm_weight)) && (!copy_k || on16(ptr.k_norm_weight));
   }
@@ -582,7 +585,6 @@ cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaSt
   if (!core::rope_neox_full(p, 16 / sizeof(T))) return launch_shape<T, kFp8, false, false>(p, ptrs, stream);
   // The common shape reads cos_sin_cache rows (and the norm weights)
   // directly where they are aligned.
-  const auto on16 = [](const void* a) { return reinterpret_cast<uintptr_t>(a) % 16 == 0; };
   const bool rows = p.use_cache && p.cache_vector && (!p.norm_q || on16(ptrs.q_norm_weight)) &&
                     (!p.norm_k || on16(ptrs.k_norm_weight));
   return rows ? launch_shape<T, kFp8, true, true>(p, ptrs, stream) : launch_shape<T, kFp8, true, false>(p, ptrs, stream);
