@@ -393,8 +393,11 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // position's instead of overlapping it. With the warp rows (kWarpRows)
   // they come right after the position's and slot's loads and before their
   // checks. Elsewhere (RoPE alone into fp8 pools, the QK norm off the row
-  // path) they follow the checks: there the earlier start did not shorten
-  // the call, and fp8 pools replayed slower (docs/performance-notes.md).
+  // path) they follow the checks in the source: there the earlier start did
+  // not shorten the call, and fp8 pools replayed slower
+  // (docs/performance-notes.md). (With the QK norm on the table path ptxas
+  // issues them right after the position's loads, or before them in
+  // one-round blocks, anyway: nothing they need waits for the checks.)
   // (Two items in flight need more registers than the occupancy target
   // allows.)
   Item<T, W, kNeoxFull> it;
