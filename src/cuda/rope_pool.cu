@@ -439,9 +439,10 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
       const int chunks = p.head_dim * 2 / 16;  // one tensor's weights, 16 bytes a chunk
       for (int c = threadIdx.x; c < 2 * chunks; c += blockDim.x) {
         const bool k = c >= chunks;
+        const int j = k ? c - chunks : c;  // the chunk within its tensor
         if (k ? copy_k : copy_q)
-          copy_async(reinterpret_cast<uint4*>(norm_w + (k ? kNormWeightsK : 0)) + (c - (k ? chunks : 0)),
-                     static_cast<const uint4*>(k ? ptr.k_norm_weight : ptr.q_norm_weight) + (c - (k ? chunks : 0)), 16);
+          copy_async(reinterpret_cast<uint4*>(norm_w + (k ? kNormWeightsK : 0)) + j,
+                     static_cast<const uint4*>(k ? ptr.k_norm_weight : ptr.q_norm_weight) + j, 16);
       }
       commit_async_copies();
     }
