@@ -239,10 +239,10 @@ inline RopeCudaIndex plan_rope_cuda_index(const RopePoolParams& p, int64_t split
 // (returns num_tokens) for one-round tokens, calls within one wave, and
 // `resident_blocks` <= 0 (unknown).
 inline int64_t plan_rope_cuda_tail(RopeCudaIndex& ix, int64_t items, int64_t num_tokens, int32_t threads, int lanes,
-                                   int64_t resident_blocks) {
+                                   int64_t resident_blocks, int64_t tail_share = 1) {
   const int64_t rounds = (items + threads - 1) / threads;
   if (rounds < 2 || resident_blocks <= 0 || num_tokens <= resident_blocks) return num_tokens;
-  int64_t tail = (resident_blocks + rounds - 1) / rounds;
+  int64_t tail = (resident_blocks + rounds * tail_share - 1) / (rounds * tail_share);
   if (tail > num_tokens - resident_blocks) tail = num_tokens - resident_blocks;
   const int64_t blocks = num_tokens + tail * (rounds - 1);
   if (blocks >= kRopeMaxTokens) return num_tokens;  // the grid's x holds at most 2^31 - 1 blocks
