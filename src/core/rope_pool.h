@@ -144,6 +144,9 @@ struct RopeCudaPolicy {
   // gained them.
   static constexpr int32_t norm_short_token_max_rounds = 3;
   static constexpr int32_t norm_short_token_min_blocks_per_sm = 10;
+  // ... and end with 1 / norm_short_token_tail_share of the one-round tail
+  // (core::plan_rope_cuda_tail's tail_share).
+  static constexpr int32_t norm_short_token_tail_share = 2;
   // The general QK-norm kernel (a lane holds up to 16 elements) needs up to
   // 64 registers: 8 blocks (at 9 it spilled 12-44 bytes).
   static constexpr int32_t general_norm_min_blocks_per_sm = 8;
@@ -237,7 +240,8 @@ inline RopeCudaIndex plan_rope_cuda_index(const RopePoolParams& p, int64_t split
 // blocks once, at most the tokens past the first wave. Returns the number of
 // blocks to launch (the grid's x) and fills `ix`'s tail fields; no tail
 // (returns num_tokens) for one-round tokens, calls within one wave, and
-// `resident_blocks` <= 0 (unknown).
+// `resident_blocks` <= 0 (unknown). tail_share > 1 divides the tail's tokens
+// by it.
 inline int64_t plan_rope_cuda_tail(RopeCudaIndex& ix, int64_t items, int64_t num_tokens, int32_t threads, int lanes,
                                    int64_t resident_blocks, int64_t tail_share = 1) {
   const int64_t rounds = (items + threads - 1) / threads;

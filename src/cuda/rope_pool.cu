@@ -550,7 +550,7 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
         const int64_t blocks = core::plan_rope_cuda_tail(ix, core::rope_items_per_token(p), p.num_tokens,
                                                          shape.threads, p.qk_items_per_head,
                                                          int64_t{per_sm} * multiprocessors_on_current_device(),
-                                                         short_token ? 2 : 1);
+                                                         short_token ? Policy::norm_short_token_tail_share : 1);
         const bool tail = blocks > p.num_tokens;
         if (tail) grid.x = static_cast<unsigned>(blocks);
         if (short_token && tail)

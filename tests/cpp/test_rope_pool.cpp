@@ -508,6 +508,9 @@ TEST_CASE("CUDA launch: a several-round call's last wave in one-round slices, ev
   // ... past the first wave by fewer tokens than that: those tokens only
   CHECK_EQ(plan_rope_cuda_tail(bix, 384, 1200, 128, 8, 1188), 1200 + 12 * 2);
   CHECK_EQ(bix.whole_tokens, 1188u);
+  // ... a tail of half the tokens (tail_share 2) at 10 blocks x 132: 1320 / 3 / 2 = 220 tokens
+  CHECK_EQ(plan_rope_cuda_tail(bix, 384, 2048, 128, 8, 1320, 2), 2048 + 220 * 2);
+  CHECK_EQ(bix.whole_tokens, 2048u - 220u);
   // no tail: within one wave, one-round tokens, resident blocks unknown, a grid past 2^31 - 1 blocks
   for (auto c : {std::array<int64_t, 3>{384, 1188, 1188}, {128, 5000, 1188}, {384, 5000, 0}, {384, 5000, -1},
                  {384, kRopeMaxTokens - 100, 1188}}) {
