@@ -144,8 +144,11 @@ struct RopeCudaPolicy {
   // gained them.
   static constexpr int32_t norm_short_token_max_rounds = 3;
   static constexpr int32_t norm_short_token_min_blocks_per_sm = 10;
-  // ... and end with 1 / norm_short_token_tail_share of the one-round tail
-  // (core::plan_rope_cuda_tail's tail_share).
+  // ... and their last wave puts 1 / norm_short_token_tail_share of the usual
+  // tokens in one-round slices (core::plan_rope_cuda_tail's tail_share): each
+  // slice repeats a block's set-up (position, cos/sin, weights), and for these
+  // short tokens half the slices shortened the call more than all of them or
+  // a third did (tokens of 5 rounds lost with half).
   static constexpr int32_t norm_short_token_tail_share = 2;
   // The general QK-norm kernel (a lane holds up to 16 elements) needs up to
   // 64 registers: 8 blocks (at 9 it spilled 12-44 bytes).
