@@ -210,15 +210,22 @@ def check_qk_norm():
     round (small calls: k's 2-byte weights and the cos/sin copied into shared
     memory, flat and fp8 pools) and (16/4 heads: 192 items a token) of
     several, where the 2-byte weights are loaded with the item's data; past
-    one wave of several-round blocks (9 per multiprocessor) a call's last
-    tokens in one-round slices (core::plan_rope_cuda_tail), with and without
-    a cos_sin_cache; with rope_base at head_dim 128, the block's cos/sin
-    table in blocks of several rounds (fp8 pools) and of one (float32)."""
+    one wave of several-round blocks (10 per multiprocessor for tokens of at
+    most 3 rounds, 9 for longer ones: RopeCudaPolicy) a call's last tokens
+    in one-round slices (core::plan_rope_cuda_tail; half as many for the
+    short tokens), with and without a cos_sin_cache, tokens of 2, 3 and 5
+    rounds (16/4, 32/8, 64/8 heads); with rope_base at head_dim 128, the
+    block's cos/sin table in blocks of several rounds (fp8 pools) and of one
+    (float32), and both weights 2-byte (32/8 and 64/8 heads: the table
+    path's asynchronous weight copy)."""
     from attnprep.testing import rms_norm_reference
-    past_wave = 9 * torch.cuda.get_device_properties(DEV).multi_processor_count + 57
+    past_wave = 10 * torch.cuda.get_device_properties(DEV).multi_processor_count + 57
     for dtype, dim, T, neox, layout, with_cache, (hq, hkv) in [
             (torch.bfloat16, 128, past_wave, True, "flat", True, (16, 4)),
             (torch.float16, 128, past_wave, True, "flat", False, (16, 4)),
+            (torch.bfloat16, 128, past_wave, True, "flat", False, (32, 8)),
+            (torch.bfloat16, 128, past_wave, True, "flat", True, (64, 8)),
+            (torch.float16, 128, 17, True, "flat", False, (64, 8)),
             (torch.bfloat16, 128, 17, True, "flat", False, (6, 2)),
             (torch.bfloat16, 128, 1100, False, "NHD", False, (6, 2)),
             (torch.float32, 80, 33, True, "HND", False, (6, 2)), (torch.float16, 2, 5, True, "flat", False, (6, 2)),
@@ -230,7 +237,8 @@ def check_qk_norm():
             (torch.bfloat16, 128, 17, True, "flat", True, (8, 2)), (torch.bfloat16, 128, 17, True, "NHD", True, (8, 2)),
             (torch.bfloat16, 128, 1100, True, "NHD", False, (16, 4)), (torch.float32, 128, 17, True, "NHD", False, (8, 2))]:
         q, k, v = (at_end((T, n, dim), dtype) for n in (hq, hkv, hkv))
-        wq, wk = at_end((dim,), torch.float32), at_end((dim,), dtype)
+        wq = at_end((dim,), dtype if hq >= 32 else torch.float32)
+        wk = at_end((dim,), dtype)
         positions = at_end((T,), torch.int64, fill=False)
         cache = None
         if with_cache:  # a bfloat16 table for the 16-bit heads, float32 otherwise
