@@ -374,7 +374,8 @@ def test_last_wave_in_one_round_slices(hq, extra, with_cache, w_dtype, offset):
     """Past one wave of whole-token blocks (RopeCudaPolicy: 9 blocks of 128
     threads per multiprocessor with the QK norm; 10 for tokens of at most 3
     rounds, norm_short_token_max_rounds), a call's last
-    tokens go in one-round slices (core::plan_rope_cuda_tail). They match the
+    tokens go in one-round slices (core::plan_rope_cuda_tail; half as many
+    for those short tokens, norm_short_token_tail_share). They match the
     reference, and bit for bit what the same tokens give in whole-token
     blocks: the call again with its tokens in reverse order."""
     per_sm = 10 if hq == 32 else 9
