@@ -542,15 +542,14 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
       // its last tokens (kTail). Not with fp8 pools: the slice arithmetic
       // made those instantiations spill under the occupancy target.
       if constexpr (!kFp8) {
-        // Short tokens: more blocks per multiprocessor
+        // Short tokens: more blocks per multiprocessor and a smaller tail
         // (RopeCudaPolicy::norm_short_token_max_rounds).
-        const bool short_token =
-            core::rope_items_per_token(p) <= int64_t{Policy::norm_short_token_max_rounds} * shape.threads;
-        const int32_t per_sm = short_token ? Policy::norm_short_token_min_blocks_per_sm : Policy::norm_min_blocks_per_sm;
-        const int64_t blocks = core::plan_rope_cuda_tail(ix, core::rope_items_per_token(p), p.num_tokens,
-                                                         shape.threads, p.qk_items_per_head,
-                                                         int64_t{per_sm} * multiprocessors_on_current_device(),
-                                                         short_token ? Policy::norm_short_token_tail_share : 1);
+        const int64_t items = core::rope_items_per_token(p);
+        const bool short_token = items <= int64_t{Policy::norm_short_token_max_rounds} * shape.threads;
+        const int64_t per_sm = short_token ? Policy::norm_short_token_min_blocks_per_sm : Policy::norm_min_blocks_per_sm;
+        const int64_t tail_share = short_token ? Policy::norm_short_token_tail_share : 1;
+        const int64_t blocks = core::plan_rope_cuda_tail(ix, items, p.num_tokens, shape.threads, p.qk_items_per_head,
+                                                         per_sm * multiprocessors_on_current_device(), tail_share);
         const bool tail = blocks > p.num_tokens;
         if (tail) grid.x = static_cast<unsigned>(blocks);
         if (short_token && tail)
