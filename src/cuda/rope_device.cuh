@@ -142,6 +142,48 @@ __device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const R
   return make_float2(c, s);
 }
 
+// N (cos, sin) pairs from float32 cosines at `cos` and sines at `sin`, 16
+// bytes at a time where N allows (both then 16-byte aligned), from global
+// memory (kGlobal, read-only loads) or from shared memory.
+template <int N, bool kGlobal>
+__device__ __forceinline__ void float32_cos_sin(const float* cos, const float* sin, float2 (&r)[N]) {
+  const auto read = [](const auto* a) {
+    if constexpr (kGlobal) return __ldg(a);
+    else return *a;
+  };
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const float4 c = read(reinterpret_cast<const float4*>(cos + i));
+      const float4 s = read(reinterpret_cast<const float4*>(sin + i));
+      r[i] = make_float2(c.x, s.x);
+      r[i + 1] = make_float2(c.y, s.y);
+      r[i + 2] = make_float2(c.z, s.z);
+      r[i + 3] = make_float2(c.w, s.w);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r[i] = make_float2(read(cos + i), read(sin + i));
+  }
+}
+
+// The block's cos/sin table in shared memory (the rotation kernel's, where
+// cos/sin are not read from cos_sin_cache rows): the cosines of frequencies
+// 0 ... rotary_dim / 2 - 1 at [0, kTableSin), their sines from kTableSin, as
+// a cos_sin_cache row is laid out. In the common shape at head_dim 128 a
+// warp's items read eight consecutive frequencies each, at eight offsets: as
+// (cos, sin) pairs side by side each of the four 16-byte reads spanned 512
+// bytes, a 4-way bank conflict (16 shared-memory wavefronts for the warp
+// where 4 carry the bytes, ncu), split each spans 256 bytes (2-way).
+constexpr int kTableSin = ATTNPREP_ROPE_MAX_HALF;
+template <int N>
+__device__ __forceinline__ void table_cos_sin(const float* table, int freq, float2 (&r)[N]) {
+  float32_cos_sin<N, false>(table + freq, table + kTableSin + freq, r);
+}
+__device__ __forceinline__ float2 table_cos_sin(const float* table, int freq) {
+  return make_float2(table[freq], table[kTableSin + freq]);
+}
+
 // (cos, sin) of frequencies freq ... freq + N - 1 of a cos_sin_cache row
 // (cos, then sin: the row's first rotary_dim entries), `at` pointing at its
 // entry freq, 16 bytes at a time (float32) or 8 (bfloat16): from global
@@ -168,15 +210,7 @@ __device__ __forceinline__ void cos_sin_at(const RopePoolParams& p, const void* 
     }
   } else {
     const float* cache = static_cast<const float*>(at);
-#pragma unroll
-    for (int i = 0; i < N; i += 4) {
-      const float4 c = read(reinterpret_cast<const float4*>(cache + i));
-      const float4 s = read(reinterpret_cast<const float4*>(cache + half + i));
-      r[i] = make_float2(c.x, s.x);
-      r[i + 1] = make_float2(c.y, s.y);
-      r[i + 2] = make_float2(c.z, s.z);
-      r[i + 3] = make_float2(c.w, s.w);
-    }
+    float32_cos_sin<N, kGlobal>(cache, cache + half, r);
   }
 }
 

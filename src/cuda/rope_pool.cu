@@ -216,7 +216,7 @@ struct Item {
   // elements (W even) compute on pairs (Group::get2/set2).
   template <bool kFp8, int kNorm, bool kRowCs, bool kWarpRows>
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr,
-                                         const core::RopeCudaIndex& ix, const float2* cs, int64_t pos, bool pos_ok,
+                                         const core::RopeCudaIndex& ix, const float* cs, int64_t pos, bool pos_ok,
                                          int64_t slot, bool write_pool, const float* w, float inv, float scale,
                                          const WarpRows& rows, const uint4* area) {
     static_assert(!kRowCs || (kNeoxFull && W > 1), "rows are read for the common shape only");
@@ -249,17 +249,22 @@ struct Item {
     }
     if (neox()) {
       if constexpr (W == 1) {
-        rotate(lo.e[0], hi.e[0], cs[freq]);
+        rotate(lo.e[0], hi.e[0], table_cos_sin(cs, freq));
       } else {
-        float2 row[kRowCs ? W : 1];
+        // (cos, sin) of frequencies freq ... freq + W - 1, read at once in the
+        // common shape; elsewhere pair by pair from the table (fewer live
+        // registers: read at once, the norm instantiations spilled)
+        float2 row[kNeoxFull ? W : 1];
         if constexpr (kWarpRows) {
           cos_sin_at<W, false>(p, reinterpret_cast<const char*>(area) + freq * (p.cache_bf16 ? 2 : 4), row);
         } else if constexpr (kRowCs) {
           row_cos_sin<W>(p, ptr, pos, pos_ok, freq, row);
+        } else if constexpr (kNeoxFull) {
+          table_cos_sin<W>(cs, freq, row);
         }
-        const auto at = [&](int i) {  // (cos, sin) of frequency freq + i
-          if constexpr (kRowCs) return row[i];
-          else return cs[freq + i];
+        const auto at = [&](int i) {
+          if constexpr (kNeoxFull) return row[i];
+          else return table_cos_sin(cs, freq + i);
         };
 #pragma unroll
         for (int j = 0; j < W / 2; ++j) {
@@ -271,11 +276,11 @@ struct Item {
       }
     } else if (gptj()) {
       if constexpr (W == 1) {
-        rotate(lo.e[0], hi.e[0], cs[freq]);
+        rotate(lo.e[0], hi.e[0], table_cos_sin(cs, freq));
       } else {
 #pragma unroll
         for (int j = 0; j < W / 2; ++j) {
-          const float2 x = lo.get2(j), r = cs[freq + j];
+          const float2 x = lo.get2(j), r = table_cos_sin(cs, freq + j);
           lo.set2(j, rotate_first(x.x, x.y, r), rotate_second(x.x, x.y, r));
         }
       }
@@ -349,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
                                                          : Policy::norm_min_blocks_per_sm)
     rope_pool_kernel(const RopePoolPointers ptr, const core::RopeCudaIndex ix,
                      const __grid_constant__ RopePoolParams p) {
-  __shared__ float2 cs[kRowCs ? 1 : ATTNPREP_ROPE_MAX_HALF];  // (cos, sin) per frequency
+  __shared__ __align__(16) float cs[kRowCs ? 1 : 2 * kTableSin];  // cosines, then sines (table_cos_sin)
   __shared__ __align__(16) float norm_w[kNorm != kNoNorm && !kRowCs ? 2 * kNormWeightsK : 4];
   // kWarpRows: the warps' rows, WarpRows::bytes() each (the launcher's
   // dynamic shared memory).
@@ -428,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // stood between the wait and the table; a shared-memory store keeps it
   // above the wait, where it overlaps the kernel before.
   if constexpr (!kRowCs)
-    if (static_cast<int>(threadIdx.x) < half) cs[threadIdx.x].x = first_inv_freq;
+    if (static_cast<int>(threadIdx.x) < half) cs[threadIdx.x] = first_inv_freq;
 
   wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
   // Not at entry, as the copy engine does: the next call's blocks would then
@@ -480,8 +485,11 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // One table per block, behind one barrier: a table per warp would repeat
   // the cos/sin work, which costs more than the barrier.
   if constexpr (!kRowCs) {
-    for (int i = threadIdx.x; i < half; i += blockDim.x)
-      cs[i] = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? cs[i].x : p.inv_freq[i]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      const float2 r = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? cs[i] : p.inv_freq[i]);
+      cs[i] = r.x;
+      cs[kTableSin + i] = r.y;
+    }
     if constexpr (kNorm != kNoNorm) {
       if (async_w) wait_async_copies();
       else finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k);
