@@ -142,20 +142,23 @@ __device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const R
   return make_float2(c, s);
 }
 
+// *a from global memory by a read-only load (kGlobal) or from shared memory.
+template <bool kGlobal, typename V>
+__device__ __forceinline__ V read_cos_sin(const V* a) {
+  if constexpr (kGlobal) return __ldg(a);
+  else return *a;
+}
+
 // N (cos, sin) pairs from float32 cosines at `cos` and sines at `sin`, 16
 // bytes at a time where N allows (both then 16-byte aligned), from global
 // memory (kGlobal, read-only loads) or from shared memory.
 template <int N, bool kGlobal>
 __device__ __forceinline__ void float32_cos_sin(const float* cos, const float* sin, float2 (&r)[N]) {
-  const auto read = [](const auto* a) {
-    if constexpr (kGlobal) return __ldg(a);
-    else return *a;
-  };
   if constexpr (N % 4 == 0) {
 #pragma unroll
     for (int i = 0; i < N; i += 4) {
-      const float4 c = read(reinterpret_cast<const float4*>(cos + i));
-      const float4 s = read(reinterpret_cast<const float4*>(sin + i));
+      const float4 c = read_cos_sin<kGlobal>(reinterpret_cast<const float4*>(cos + i));
+      const float4 s = read_cos_sin<kGlobal>(reinterpret_cast<const float4*>(sin + i));
       r[i] = make_float2(c.x, s.x);
       r[i + 1] = make_float2(c.y, s.y);
       r[i + 2] = make_float2(c.z, s.z);
@@ -163,7 +166,7 @@ __device__ __forceinline__ void float32_cos_sin(const float* cos, const float* s
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < N; ++i) r[i] = make_float2(read(cos + i), read(sin + i));
+    for (int i = 0; i < N; ++i) r[i] = make_float2(read_cos_sin<kGlobal>(cos + i), read_cos_sin<kGlobal>(sin + i));
   }
 }
 
@@ -191,17 +194,13 @@ __device__ __forceinline__ float2 table_cos_sin(const float* table, int freq) {
 template <int N, bool kGlobal>
 __device__ __forceinline__ void cos_sin_at(const RopePoolParams& p, const void* at, float2 (&r)[N]) {
   static_assert(N % 4 == 0, "16-byte reads of float32 rows, 8-byte reads of bfloat16 rows");
-  const auto read = [](const auto* a) {
-    if constexpr (kGlobal) return __ldg(a);
-    else return *a;
-  };
   const int half = p.rotary_dim / 2;
   if (p.cache_bf16) {
     const auto* cache = static_cast<const unsigned short*>(at);
 #pragma unroll
     for (int i = 0; i < N; i += 4) {
-      const uint2 c = read(reinterpret_cast<const uint2*>(cache + i));
-      const uint2 s = read(reinterpret_cast<const uint2*>(cache + half + i));
+      const uint2 c = read_cos_sin<kGlobal>(reinterpret_cast<const uint2*>(cache + i));
+      const uint2 s = read_cos_sin<kGlobal>(reinterpret_cast<const uint2*>(cache + half + i));
       // bfloat16 -> float32: the high half of the word
       r[i] = make_float2(__uint_as_float(c.x << 16), __uint_as_float(s.x << 16));
       r[i + 1] = make_float2(__uint_as_float(c.x & 0xffff0000u), __uint_as_float(s.x & 0xffff0000u));
