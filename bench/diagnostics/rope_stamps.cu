@@ -1,11 +1,18 @@
 // Where a replayed rope_pool_fused call with the QK norm spends its time:
 // the rotation kernel built with timestamps (clock64 per warp, globaltimer at
-// entry, after the PDL wait and at the end) at its stage boundaries, 20 calls
-// replayed as one CUDA graph, the last call's stamps read back. Computing
-// cos/sin (the block table behind a barrier) against a float32 cos_sin_cache
-// (warp rows), bf16, head_dim 128, 8 kv heads.
+// entry, before and after the PDL wait and at the end) at its stage
+// boundaries, 20 calls replayed as one CUDA graph, every call's stamps of the
+// last replay read back. Computing cos/sin (the block table behind a
+// barrier) against a float32 cos_sin_cache (warp rows), bf16, head_dim 128,
+// 8 kv heads. Per call: the stages of the last call's warps, and between
+// consecutive calls (globaltimer, medians over the replay's calls) when the
+// next call's first block entered, when its last block reached the wait,
+// and when its first block was released, against the previous call's
+// release and end.
 //   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -DATTNPREP_WITH_CUDA=1 -I src -I bench/diagnostics \
 //     bench/diagnostics/rope_stamps.cu src/cuda/launch.cu src/cuda/rope_norm_pool.cu src/core/*.cpp -o rope_stamps
+// With -DATTNPREP_STAMPS_OFF the kernel has no stamps (graph replay only, to
+// compare builds of rope_pool.cu on the same harness).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,25 +20,36 @@
 #include <cstdio>
 #include <vector>
 
-constexpr int kMaxBlocks = 1 << 14;
-constexpr int kSlots = 12;  // clock64 at points 0..5, globaltimer at 0, 1, 5
-__device__ unsigned long long g_stamps[kMaxBlocks * 2 * kSlots];
+constexpr int kCalls = 20;        // the calls replay_us captures in one graph
+constexpr int kMaxBlocks = 1024;  // per call: T <= 128 (one-round blocks; 640 at 64/8 heads)
+// Points: 0 entry, 1 before the PDL wait, 2 after it, 3 / 4 around the first
+// item's norm factor, 5 its warp rows ready, 6 its finish done.
+constexpr int kPoints = 7;
+constexpr int kSlots = kPoints + 4;  // clock64 at each point, globaltimer at points 0, 1, 2 and 6
+__device__ unsigned long long g_stamps[kCalls * kMaxBlocks * 2 * kSlots];
+// Call c reads its positions at a base aligned to 32 << kCallShift bytes plus
+// c << kCallShift (the same values for every call), so the stamp knows its
+// call from the pointer alone: no load before the wait.
+constexpr int kCallShift = 20;
 
 // Lane 0 of warps 0 and 3 of every block.
-__device__ __forceinline__ void diag_stamp(int point) {
+__device__ __forceinline__ void diag_stamp(int point, const void* positions) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane != 0 || (warp != 0 && warp != 3)) return;
+  const int call = static_cast<int>((reinterpret_cast<uintptr_t>(positions) >> kCallShift) & 31);
   const long long b = blockIdx.x + static_cast<long long>(blockIdx.y) * gridDim.x;
-  if (b >= kMaxBlocks) return;
-  unsigned long long* s = g_stamps + (b * 2 + (warp == 3)) * kSlots;
+  if (call >= kCalls || b >= kMaxBlocks) return;
+  unsigned long long* s = g_stamps + ((static_cast<long long>(call) * kMaxBlocks + b) * 2 + (warp == 3)) * kSlots;
   s[point] = clock64();
-  if (point == 0 || point == 1 || point == 5) {
+  if (point <= 2 || point == 6) {
     unsigned long long g;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
-    s[6 + (point == 0 ? 0 : point == 1 ? 1 : 2)] = g;
+    s[kPoints + (point == 6 ? 3 : point)] = g;
   }
 }
-#define ATTNPREP_ROPE_STAMP(point) ::diag_stamp(point)
+#ifndef ATTNPREP_STAMPS_OFF
+#define ATTNPREP_ROPE_STAMP(point) ::diag_stamp(point, ptr.positions)
+#endif
 #include "../../src/cuda/rope_pool.cu"
 
 #include "core/rope_pool.h"
@@ -59,10 +77,14 @@ static TensorArg arg(void* data, std::vector<int64_t> shape, DType dtype, int it
 static void* alloc(size_t bytes, int fill_pattern) {
   void* p;
   CHECK_CUDA(cudaMalloc(&p, bytes));
+  if (!fill_pattern) {
+    CHECK_CUDA(cudaMemset(p, 0, bytes));
+    return p;
+  }
   std::vector<uint16_t> h(bytes / 2);
   // bfloat16 values in [0.5, 1): hashed low mantissa bits under 0.5's exponent
   for (size_t i = 0; i < h.size(); ++i)
-    h[i] = fill_pattern ? static_cast<uint16_t>(0x3f00 | ((i * 2654435761u >> 16) & 0x7f)) : 0;
+    h[i] = static_cast<uint16_t>(0x3f00 | ((i * 2654435761u >> 16) & 0x7f));
   CHECK_CUDA(cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
   return p;
 }
@@ -86,10 +108,15 @@ static void run(int64_t T, int64_t hq, bool cache) {
     pos[t] = (t * 104729) % max_pos;
     slot[t] = (t * 7919) & (pool - 1);
   }
-  void *dpos, *dslot;
-  CHECK_CUDA(cudaMalloc(&dpos, T * 8));
+  // each call's positions (diag_stamp: the call from the pointer)
+  constexpr size_t kCallBytes = size_t{1} << kCallShift;
+  void *dpos_alloc, *dslot;
+  CHECK_CUDA(cudaMalloc(&dpos_alloc, 64 * kCallBytes));
+  char* dpos = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(dpos_alloc) + 32 * kCallBytes - 1) &
+                                       ~(uintptr_t{32 * kCallBytes} - 1));
   CHECK_CUDA(cudaMalloc(&dslot, T * 8));
-  CHECK_CUDA(cudaMemcpy(dpos, pos.data(), T * 8, cudaMemcpyHostToDevice));
+  for (int c = 0; c < kCalls; ++c)
+    CHECK_CUDA(cudaMemcpy(dpos + c * kCallBytes, pos.data(), T * 8, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dslot, slot.data(), T * 8, cudaMemcpyHostToDevice));
   void* table = alloc(max_pos * D * 4, 0);
   std::vector<uint16_t> ones(D, 0x3f80);
@@ -120,46 +147,74 @@ static void run(int64_t T, int64_t hq, bool cache) {
   attnprep::core::check_rope_pool(a);
   const RopePoolParams params = attnprep::core::make_rope_pool_params(
       a, arg(q_rot, {T, hq, D}, DType::BFloat16, 2), arg(k_rot, {T, hkv, D}, DType::BFloat16, 2));
-  const attnprep::cuda::RopePoolPointers ptrs{q, k, v, q_rot, k_rot, kp, vp, dpos, dslot, cache ? table : nullptr,
-                                               nullptr, nullptr, wq, wk};
+  attnprep::cuda::RopePoolPointers ptrs{q, k, v, q_rot, k_rot, kp, vp, dpos, dslot, cache ? table : nullptr,
+                                         nullptr, nullptr, wq, wk};
   {
-    std::vector<unsigned long long> zero(kMaxBlocks * 2 * kSlots, 0);
+    std::vector<unsigned long long> zero(size_t{kCalls} * kMaxBlocks * 2 * kSlots, 0);
     CHECK_CUDA(cudaMemcpyToSymbol(g_stamps, zero.data(), zero.size() * 8));
   }
-  const double us = replay_us([&](cudaStream_t s) { CHECK_CUDA(attnprep::cuda::rope_pool(params, ptrs, DType::BFloat16, s)); });
+  int call = 0;  // replay_us captures kCalls launches, in order
+  const double us = replay_us([&](cudaStream_t s) {
+    ptrs.positions = dpos + (call++ % kCalls) * kCallBytes;
+    CHECK_CUDA(attnprep::cuda::rope_pool(params, ptrs, DType::BFloat16, s));
+  });
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<unsigned long long> st(kMaxBlocks * 2 * kSlots);
+#ifdef ATTNPREP_STAMPS_OFF
+  std::printf("T=%lld %lld/8 %s: replay %.3f us/call (no stamps)\n", static_cast<long long>(T),
+              static_cast<long long>(hq), cache ? "cache " : "rope_base", us);
+#else
+  std::vector<unsigned long long> st(size_t{kCalls} * kMaxBlocks * 2 * kSlots);
   CHECK_CUDA(cudaMemcpyFromSymbol(st.data(), g_stamps, st.size() * 8));
   const int64_t items = attnprep::core::rope_items_per_token(params);
   const int64_t blocks = T * ((items + 127) / 128);  // one-round blocks of 128 threads (T < 1024)
-  unsigned long long release = ~0ull, first_entry = ~0ull, end = 0;
-  std::vector<double> d[2][5], late[2];
-  for (int64_t b = 0; b < blocks; ++b) {
-    for (int w = 0; w < 2; ++w) {
-      const unsigned long long* s = st.data() + (b * 2 + w) * kSlots;
-      if (s[5] == 0) continue;  // this warp had no item
-      for (int i = 0; i < 5; ++i) d[w][i].push_back(static_cast<double>(s[i + 1] - s[i]));
-      release = std::min(release, s[7]);
-      first_entry = std::min(first_entry, s[6]);
-      end = std::max(end, s[8]);
-    }
+  // Per call: first entry, last arrival at the wait, first release, last end
+  // (globaltimer, ns); the stages of the last call's warps (clock64 cycles).
+  // (globaltimer values differenced as integers: as doubles, ns since the
+  // epoch keep only about 256 ns)
+  std::vector<unsigned long long> entry(kCalls), at_wait(kCalls), release(kCalls), end(kCalls);
+  std::vector<double> d[2][kPoints - 1];
+  for (int c = 0; c < kCalls; ++c) {
+    unsigned long long e = ~0ull, w = 0, r = ~0ull, x = 0;
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int wi = 0; wi < 2; ++wi) {
+        const unsigned long long* s = st.data() + ((static_cast<size_t>(c) * kMaxBlocks + b) * 2 + wi) * kSlots;
+        if (s[6] == 0) continue;  // this warp had no item
+        e = std::min(e, s[kPoints]);
+        w = std::max(w, s[kPoints + 1]);
+        r = std::min(r, s[kPoints + 2]);
+        x = std::max(x, s[kPoints + 3]);
+        if (c == kCalls - 1)
+          for (int i = 0; i + 1 < kPoints; ++i) d[wi][i].push_back(static_cast<double>(s[i + 1] - s[i]));
+      }
+    entry[c] = e;
+    at_wait[c] = w;
+    release[c] = r;
+    end[c] = x;
   }
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int w = 0; w < 2; ++w) {
-      const unsigned long long* s = st.data() + (b * 2 + w) * kSlots;
-      if (s[5]) late[w].push_back(static_cast<double>(s[7] - release));
-    }
-  std::printf("T=%lld %lld/8 %s: replay %.2f us/call; last call: first entry -> first release %.2f us, "
-              "release -> last end %.2f us; post-wait start lag p50/p90 %.0f/%.0f ns\n",
+  const auto ns = [](unsigned long long later, unsigned long long earlier) {
+    return static_cast<double>(static_cast<long long>(later - earlier));
+  };
+  std::vector<double> period, launch_lag, to_wait, after_end, body;
+  for (int c = 1; c < kCalls; ++c) {
+    period.push_back(ns(release[c], release[c - 1]));
+    launch_lag.push_back(ns(entry[c], release[c - 1]));
+    to_wait.push_back(ns(at_wait[c], entry[c]));
+    after_end.push_back(ns(release[c], end[c - 1]));
+    body.push_back(ns(end[c], release[c]));
+  }
+  std::printf("T=%lld %lld/8 %s: replay %.2f us/call; medians over calls (ns): release to release %.0f, "
+              "previous release -> first entry %.0f, first entry -> last at the wait %.0f, "
+              "previous end -> first release %.0f, first release -> last end %.0f\n",
               static_cast<long long>(T), static_cast<long long>(hq), cache ? "cache " : "rope_base", us,
-              (release - first_entry) / 1e3, (end - release) / 1e3, pct(late[0], 0.5), pct(late[0], 0.9));
-  const char* names[5] = {"entry->wait", "wait->ready", "norm factor", "rows ready", "finish"};
+              pct(period, 0.5), pct(launch_lag, 0.5), pct(to_wait, 0.5), pct(after_end, 0.5), pct(body, 0.5));
+  const char* names[kPoints - 1] = {"prologue", "wait", "wait->norm", "norm factor", "rows ready", "finish"};
   for (int w = 0; w < 2; ++w) {
-    std::printf("  warp %d cycles p50 (p90):", w ? 3 : 0);
-    for (int i = 0; i < 5; ++i) std::printf(" %s %.0f (%.0f);", names[i], pct(d[w][i], 0.5), pct(d[w][i], 0.9));
+    std::printf("  last call, warp %d cycles p50 (p90):", w ? 3 : 0);
+    for (int i = 0; i + 1 < kPoints; ++i) std::printf(" %s %.0f (%.0f);", names[i], pct(d[w][i], 0.5), pct(d[w][i], 0.9));
     std::printf("\n");
   }
-  for (void* p : {q, k, v, q_rot, k_rot, kp, vp, dpos, dslot, table, wq, wk}) CHECK_CUDA(cudaFree(p));
+#endif
+  for (void* p : {q, k, v, q_rot, k_rot, kp, vp, dpos_alloc, dslot, table, wq, wk}) CHECK_CUDA(cudaFree(p));
 }
 
 int main() {

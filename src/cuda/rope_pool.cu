@@ -17,8 +17,9 @@
 #include <cstdint>
 
 // Stage timestamps for bench/diagnostics/rope_stamps.cu, which defines this
-// before including this file (0: entry, 1: after the PDL wait, then around a
-// QK-norm item's norm factor, its warp rows and its finish); nothing here.
+// before including this file (0: entry, 1 / 2: before / after the PDL wait,
+// then around a QK-norm item's norm factor, its warp rows and its finish);
+// nothing here.
 #ifndef ATTNPREP_ROPE_STAMP
 #define ATTNPREP_ROPE_STAMP(point)
 #endif
@@ -443,8 +444,9 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   if constexpr (!kRowCs)
     if (static_cast<int>(threadIdx.x) < half) cs[threadIdx.x] = first_inv_freq;
 
-  wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
   ATTNPREP_ROPE_STAMP(1);
+  wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
+  ATTNPREP_ROPE_STAMP(2);
   // Not at entry, as the copy engine does: the next call's blocks would then
   // take multiprocessor slots this kernel's later tokens still need.
   let_next_kernel_start();
@@ -512,14 +514,14 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
       // the butterfly needs every lane of the warp: the warp stays together
       // until none of its lanes has an item
       if (!__any_sync(0xffffffffu, active)) break;
-      ATTNPREP_ROPE_STAMP(2);
-      inv = it.head_norm_factor(p, lanes, inv_head_dim, active);
       ATTNPREP_ROPE_STAMP(3);
+      inv = it.head_norm_factor(p, lanes, inv_head_dim, active);
+      ATTNPREP_ROPE_STAMP(4);
       if constexpr (kWarpRows)
         if (warp_rows) warp_rows_ready();  // (after the first round: no copies left, a no-op)
-      ATTNPREP_ROPE_STAMP(4);
-      if (active) it.template finish<kFp8, kNorm, kRowCs, kWarpRows>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, rows, area);
       ATTNPREP_ROPE_STAMP(5);
+      if (active) it.template finish<kFp8, kNorm, kRowCs, kWarpRows>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, rows, area);
+      ATTNPREP_ROPE_STAMP(6);
     } else {
       if (!active) break;
       it.template finish<kFp8, kNorm, kRowCs, kWarpRows>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, rows, area);
