@@ -103,6 +103,16 @@ __device__ __forceinline__ int64_t read_index(const void* p, int64_t i, int is64
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
 }
 
+// A float of the kernel's __grid_constant__ parameter block read through its
+// generic address: a warp's 32 consecutive floats then take one coalesced
+// load, where an indexed read of the parameter bank (LDC) serves the warp's
+// addresses one at a time. Volatile: it stays where it is written.
+__device__ __forceinline__ float read_param_float(const float* a) {
+  float v;
+  asm volatile("ld.f32 %0, [%1];" : "=f"(v) : "l"(a));
+  return v;
+}
+
 // The rotation of a pair (a, b) by (cos, sin) = (r.x, r.y), in float32 with
 // the multiply-adds spelled out (docs/contract.md): the first element, then
 // the second.

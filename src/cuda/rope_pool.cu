@@ -435,12 +435,13 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
               (!copy_q || on16(ptr.q_norm_weight)) && (!copy_k || on16(ptr.k_norm_weight));
   }
   const float first_inv_freq =
-      !kRowCs && !p.use_cache && static_cast<int>(threadIdx.x) < half ? p.inv_freq[threadIdx.x] : 0.f;
+      !kRowCs && !p.use_cache && static_cast<int>(threadIdx.x) < half ? read_param_float(p.inv_freq + threadIdx.x) : 0.f;
   // The thread's inverse frequency, parked in its own table entry before the
   // wait: ptxas sinks a parameter read below griddepcontrol.wait, and this
-  // one (an indexed read of the parameter bank, cold at each launch) then
-  // stood between the wait and the table; a shared-memory store keeps it
-  // above the wait, where it overlaps the kernel before.
+  // one (cold at each launch) then stood between the wait and the table; a
+  // shared-memory store keeps it above the wait, where it overlaps the
+  // kernel before. Read through the block's generic address
+  // (read_param_float): one load per warp, not 32 parameter-bank reads.
   if constexpr (!kRowCs)
     if (static_cast<int>(threadIdx.x) < half) cs[threadIdx.x] = first_inv_freq;
 
