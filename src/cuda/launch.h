@@ -6,7 +6,8 @@
 //   - it calls wait_for_prior_kernels() before its first global memory access,
 //     read or write: from there on every earlier kernel on the stream has
 //     finished and its writes are visible, exactly as without PDL;
-//   - only parameter arithmetic may come before that call;
+//   - only parameter arithmetic (and reads of the kernel's own parameters,
+//     which no kernel writes) may come before that call;
 //   - it calls let_next_kernel_start() somewhere, so that the next kernel on
 //     the stream is scheduled before this one ends (without the call it is
 //     scheduled at this kernel's end, as without PDL).
