@@ -3,6 +3,7 @@
 // parameters, and the CPU reference against closed-form cases.
 #include <algorithm>
 #include <array>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -692,7 +693,14 @@ TEST_CASE("angle_sincos is within 0.501 ulp at every magnitude on the host") {
     check(std::nextafterf(f, 0.0f));
     check(std::nextafterf(f, 1e30f));
   }
-  for (float big : {0x1p52f, -0x1p60f, 3e38f}) check(big);
+  // past 2^52 (the fallback): every exponent, random mantissas, both signs
+  for (int i = 0; i < 400000; ++i) {
+    const uint32_t bits = (static_cast<uint32_t>(179 + i % 76) << 23) | static_cast<uint32_t>(gen() & 0x7fffffu);
+    float a;
+    std::memcpy(&a, &bits, sizeof a);
+    check(i & 1 ? -a : a);
+  }
+  for (float big : {0x1p52f, -0x1p60f, 3e38f, FLT_MAX, -FLT_MAX, std::nextafterf(0x1p52f, 0.0f)}) check(big);
   if (!(worst <= 0.501)) std::fprintf(stderr, "worst: %.4f ulp at angle %.9g\n", worst, worst_angle);
   CHECK(worst <= 0.501);
   float s = 0, c = 0;

@@ -310,6 +310,27 @@ def test_positions_and_sizes(device, pos_dtype, T):
     check_case(*case, base=500000.0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (Metal's sin/cos: a few ulp)")
+def test_cos_sin_within_half_an_ulp():
+    """float32 q heads of (1, 0) NeoX pairs rotate into the kernel's (cos,
+    sin) of each float32 angle exactly: each within 0.501 float32 ulp of the
+    float64 value (docs/contract.md), at fresh random positions below 2^20
+    (angles up to 1e6 rad; the contract's bound holds below 2^52 rad)."""
+    T, D = 301, 128
+    positions = torch.randint(0, 1 << 20, (T,))
+    q = torch.zeros(T, 1, D)
+    q[..., : D // 2] = 1.0
+    q, k, v = q.cuda(), q.cuda(), torch.zeros(T, 1, D, device="cuda")
+    slots = torch.full((T,), -1, dtype=torch.int64, device="cuda")
+    pool = torch.zeros(1, 1, D, device="cuda")
+    q_rot, _, _, _ = rope_pool_fused(q, k, v, positions.cuda(), slots, pool, pool.clone(), head_dim=D,
+                                     num_qo_heads=1, num_kv_heads=1, rope_base=10000.0)
+    cos, sin = cos_sin(positions, D, 10000.0)
+    for got, want in ((q_rot[:, 0, : D // 2], cos), (q_rot[:, 0, D // 2:], sin)):
+        ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp(min=2.0 ** -126))) - 23)
+        assert ((got.cpu().double() - want).abs() / ulp).max().item() <= 0.501
+
+
 @requires_gpu
 @on_devices
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
