@@ -215,9 +215,12 @@ def check_qk_norm():
     in one-round slices (core::plan_rope_cuda_tail; half as many for the
     short tokens), with and without a cos_sin_cache, tokens of 2, 3 and 5
     rounds (16/4, 32/8, 64/8 heads); with rope_base at head_dim 128, the
-    block's cos/sin table in blocks of several rounds (fp8 pools) and of one
-    (float32), and both weights 2-byte (32/8 and 64/8 heads: the table
-    path's asynchronous weight copy)."""
+    block's cos/sin table in blocks of several rounds (fp8 pools) and, in
+    small calls, built by the one-round blocks' table warp behind a named
+    barrier (float32 weights staged by the item threads, both weights 2-byte
+    with 32/8 and 64/8 heads: the table warp's asynchronous weight copy;
+    head_dim 512: a table past the inverse frequencies parked before the PDL
+    wait)."""
     from attnprep.testing import rms_norm_reference
     past_wave = 10 * torch.cuda.get_device_properties(DEV).multi_processor_count + 57
     for dtype, dim, T, neox, layout, with_cache, (hq, hkv) in [

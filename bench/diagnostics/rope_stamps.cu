@@ -2,15 +2,17 @@
 // the rotation kernel built with timestamps (clock64 per warp, globaltimer at
 // entry, before and after the PDL wait and at the end) at its stage
 // boundaries, 20 calls replayed as one CUDA graph, every call's stamps of the
-// last replay read back. Computing cos/sin (the block table behind a
-// barrier) against a float32 cos_sin_cache (warp rows), bf16, head_dim 128,
-// 8 kv heads. Per call: the stages of the last call's warps, and between
-// consecutive calls (globaltimer, medians over the replay's calls) when the
-// next call's first block entered, when its last block reached the wait,
-// and when its first block was released, against the previous call's
-// release and end.
+// last replay read back. Computing cos/sin (the block table) against a
+// float32 cos_sin_cache (warp rows), and the two in turn (even calls the
+// table: whether a gap between calls follows the call that ends or the call
+// that waits), bf16, head_dim 128, 8 kv heads. Per call: the stages of the
+// last call's warps 0 and 3, and between consecutive calls (globaltimer,
+// medians over the replay's calls, every item warp's lane 0 stamping) when
+// the next call's first block entered, its first and last warps reached the
+// wait and were released, against the previous call's end.
 //   nvcc -O3 -std=c++17 -arch=sm_90 --expt-relaxed-constexpr -DATTNPREP_WITH_CUDA=1 -I src -I bench/diagnostics \
 //     bench/diagnostics/rope_stamps.cu src/cuda/launch.cu src/cuda/rope_norm_pool.cu src/core/*.cpp -o rope_stamps
+//   ./rope_stamps [T ...]   (default 128 1)
 // With -DATTNPREP_STAMPS_OFF the kernel has no stamps (graph replay only, to
 // compare builds of rope_pool.cu on the same harness).
 #include <cuda_runtime.h>
@@ -21,25 +23,26 @@
 #include <vector>
 
 constexpr int kCalls = 20;        // the calls replay_us captures in one graph
-constexpr int kMaxBlocks = 1024;  // per call: T <= 128 (one-round blocks; 640 at 64/8 heads)
+constexpr int kMaxBlocks = 1024;  // stamped blocks per call: T <= 128 (one-round blocks; 640 at 64/8 heads)
 // Points: 0 entry, 1 before the PDL wait, 2 after it, 3 / 4 around the first
 // item's norm factor, 5 its warp rows ready, 6 its finish done.
 constexpr int kPoints = 7;
 constexpr int kSlots = kPoints + 4;  // clock64 at each point, globaltimer at points 0, 1, 2 and 6
-__device__ unsigned long long g_stamps[kCalls * kMaxBlocks * 2 * kSlots];
+constexpr int kWarps = 4;           // per block: every warp's lane 0 stamps
+__device__ unsigned long long g_stamps[kCalls * kMaxBlocks * kWarps * kSlots];
 // Call c reads its positions at a base aligned to 32 << kCallShift bytes plus
 // c << kCallShift (the same values for every call), so the stamp knows its
 // call from the pointer alone: no load before the wait.
 constexpr int kCallShift = 20;
 
-// Lane 0 of warps 0 and 3 of every block.
+// Lane 0 of every warp of every block.
 __device__ __forceinline__ void diag_stamp(int point, const void* positions) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane != 0 || (warp != 0 && warp != 3)) return;
+  if (lane != 0 || warp >= kWarps) return;
   const int call = static_cast<int>((reinterpret_cast<uintptr_t>(positions) >> kCallShift) & 31);
   const long long b = blockIdx.x + static_cast<long long>(blockIdx.y) * gridDim.x;
   if (call >= kCalls || b >= kMaxBlocks) return;
-  unsigned long long* s = g_stamps + ((static_cast<long long>(call) * kMaxBlocks + b) * 2 + (warp == 3)) * kSlots;
+  unsigned long long* s = g_stamps + ((static_cast<long long>(call) * kMaxBlocks + b) * kWarps + warp) * kSlots;
   s[point] = clock64();
   if (point <= 2 || point == 6) {
     unsigned long long g;
@@ -94,7 +97,13 @@ static double pct(std::vector<double> v, double q) {
   return v.empty() ? 0 : v[static_cast<size_t>(q * (v.size() - 1))];
 }
 
-static void run(int64_t T, int64_t hq, bool cache) {
+// Which path each replayed call takes: all the table, all the cache, or the
+// two in turn (even calls the table), which tells whether a gap between
+// calls follows the call that ends or the call that waits.
+enum Mode { kTable, kCache, kAlternate };
+static const char* mode_name(int mode) { return mode == kTable ? "rope_base" : mode == kCache ? "cache" : "alternate"; }
+
+static void run(int64_t T, int64_t hq, int mode) {
   const int64_t hkv = 8, D = 128, pool = 1 << 20, max_pos = 131072;
   void* q = alloc(T * hq * D * 2, 1);
   void* k = alloc(T * hkv * D * 2, 1);
@@ -140,73 +149,87 @@ static void run(int64_t T, int64_t hq, bool cache) {
   a.head_dim = D;
   a.num_qo_heads = hq;
   a.num_kv_heads = hkv;
-  if (cache) {
-    a.has_cache = true;
-    a.cos_sin_cache = arg(table, {max_pos, D}, DType::Float32, 4);
+  // [0]: computing cos/sin; [1]: reading the cache
+  RopePoolParams params[2];
+  for (int c = 0; c < 2; ++c) {
+    a.has_cache = c == 1;
+    if (c == 1) a.cos_sin_cache = arg(table, {max_pos, D}, DType::Float32, 4);
+    attnprep::core::check_rope_pool(a);
+    params[c] = attnprep::core::make_rope_pool_params(a, arg(q_rot, {T, hq, D}, DType::BFloat16, 2),
+                                                      arg(k_rot, {T, hkv, D}, DType::BFloat16, 2));
   }
-  attnprep::core::check_rope_pool(a);
-  const RopePoolParams params = attnprep::core::make_rope_pool_params(
-      a, arg(q_rot, {T, hq, D}, DType::BFloat16, 2), arg(k_rot, {T, hkv, D}, DType::BFloat16, 2));
-  attnprep::cuda::RopePoolPointers ptrs{q, k, v, q_rot, k_rot, kp, vp, dpos, dslot, cache ? table : nullptr,
+  attnprep::cuda::RopePoolPointers ptrs{q, k, v, q_rot, k_rot, kp, vp, dpos, dslot, nullptr,
                                          nullptr, nullptr, wq, wk};
+  const auto kind = [&](int c) { return mode == kAlternate ? c % 2 : mode; };
   {
-    std::vector<unsigned long long> zero(size_t{kCalls} * kMaxBlocks * 2 * kSlots, 0);
+    std::vector<unsigned long long> zero(size_t{kCalls} * kMaxBlocks * kWarps * kSlots, 0);
     CHECK_CUDA(cudaMemcpyToSymbol(g_stamps, zero.data(), zero.size() * 8));
   }
   int call = 0;  // replay_us captures kCalls launches, in order
   const double us = replay_us([&](cudaStream_t s) {
-    ptrs.positions = dpos + (call++ % kCalls) * kCallBytes;
-    CHECK_CUDA(attnprep::cuda::rope_pool(params, ptrs, DType::BFloat16, s));
+    const int c = call++ % kCalls;
+    ptrs.positions = dpos + c * kCallBytes;
+    ptrs.cos_sin_cache = kind(c) == 1 ? table : nullptr;
+    CHECK_CUDA(attnprep::cuda::rope_pool(params[kind(c)], ptrs, DType::BFloat16, s));
   });
   CHECK_CUDA(cudaDeviceSynchronize());
 #ifdef ATTNPREP_STAMPS_OFF
   std::printf("T=%lld %lld/8 %s: replay %.3f us/call (no stamps)\n", static_cast<long long>(T),
-              static_cast<long long>(hq), cache ? "cache " : "rope_base", us);
+              static_cast<long long>(hq), mode_name(mode), us);
 #else
-  std::vector<unsigned long long> st(size_t{kCalls} * kMaxBlocks * 2 * kSlots);
+  std::vector<unsigned long long> st(size_t{kCalls} * kMaxBlocks * kWarps * kSlots);
   CHECK_CUDA(cudaMemcpyFromSymbol(st.data(), g_stamps, st.size() * 8));
-  const int64_t items = attnprep::core::rope_items_per_token(params);
-  const int64_t blocks = T * ((items + 127) / 128);  // one-round blocks of 128 threads (T < 1024)
-  // Per call: first entry, last arrival at the wait, first release, last end
-  // (globaltimer, ns); the stages of the last call's warps (clock64 cycles).
+  const int64_t items = attnprep::core::rope_items_per_token(params[0]);
+  // one-round blocks of 128 item threads (T < 1024); those past kMaxBlocks have no stamps
+  const int64_t blocks = std::min<int64_t>(T * ((items + 127) / 128), kMaxBlocks);
+  // Per call (globaltimer, ns, over every warp that had an item): first
+  // entry, first and last arrival at the wait, first and last release, last
+  // end; the stages of the last call's warps 0 and 3 (clock64 cycles).
   // (globaltimer values differenced as integers: as doubles, ns since the
   // epoch keep only about 256 ns)
-  std::vector<unsigned long long> entry(kCalls), at_wait(kCalls), release(kCalls), end(kCalls);
+  enum { kEntry, kFirstWait, kLastWait, kRelease, kLastRelease, kEnd, kMarks };
+  std::vector<std::vector<unsigned long long>> m(kMarks, std::vector<unsigned long long>(kCalls));
   std::vector<double> d[2][kPoints - 1];
   for (int c = 0; c < kCalls; ++c) {
-    unsigned long long e = ~0ull, w = 0, r = ~0ull, x = 0;
+    unsigned long long v[kMarks] = {~0ull, ~0ull, 0, ~0ull, 0, 0};
     for (int64_t b = 0; b < blocks; ++b)
-      for (int wi = 0; wi < 2; ++wi) {
-        const unsigned long long* s = st.data() + ((static_cast<size_t>(c) * kMaxBlocks + b) * 2 + wi) * kSlots;
+      for (int wi = 0; wi < kWarps; ++wi) {
+        const unsigned long long* s = st.data() + ((static_cast<size_t>(c) * kMaxBlocks + b) * kWarps + wi) * kSlots;
         if (s[6] == 0) continue;  // this warp had no item
-        e = std::min(e, s[kPoints]);
-        w = std::max(w, s[kPoints + 1]);
-        r = std::min(r, s[kPoints + 2]);
-        x = std::max(x, s[kPoints + 3]);
-        if (c == kCalls - 1)
-          for (int i = 0; i + 1 < kPoints; ++i) d[wi][i].push_back(static_cast<double>(s[i + 1] - s[i]));
+        v[kEntry] = std::min(v[kEntry], s[kPoints]);
+        v[kFirstWait] = std::min(v[kFirstWait], s[kPoints + 1]);
+        v[kLastWait] = std::max(v[kLastWait], s[kPoints + 1]);
+        v[kRelease] = std::min(v[kRelease], s[kPoints + 2]);
+        v[kLastRelease] = std::max(v[kLastRelease], s[kPoints + 2]);
+        v[kEnd] = std::max(v[kEnd], s[kPoints + 3]);
+        if (c == kCalls - 1 && (wi == 0 || wi == 3))
+          for (int i = 0; i + 1 < kPoints; ++i) d[wi == 3][i].push_back(static_cast<double>(s[i + 1] - s[i]));
       }
-    entry[c] = e;
-    at_wait[c] = w;
-    release[c] = r;
-    end[c] = x;
+    for (int k = 0; k < kMarks; ++k) m[k][c] = v[k];
   }
   const auto ns = [](unsigned long long later, unsigned long long earlier) {
     return static_cast<double>(static_cast<long long>(later - earlier));
   };
-  std::vector<double> period, launch_lag, to_wait, after_end, body;
-  for (int c = 1; c < kCalls; ++c) {
-    period.push_back(ns(release[c], release[c - 1]));
-    launch_lag.push_back(ns(entry[c], release[c - 1]));
-    to_wait.push_back(ns(at_wait[c], entry[c]));
-    after_end.push_back(ns(release[c], end[c - 1]));
-    body.push_back(ns(end[c], release[c]));
+  // medians over calls 1 ... (of one kind: those taking path `k`) of (mark a
+  // of this call) - (mark b of the previous call, or of this one)
+  for (int k = 0; k < 2; ++k) {
+    if (mode != kAlternate && k != mode) continue;
+    const auto med = [&](int a, int b, bool previous) {
+      std::vector<double> x;
+      for (int c = 1; c < kCalls; ++c)
+        if (kind(c) == k) x.push_back(ns(m[a][c], m[b][c - previous]));
+      return pct(x, 0.5);
+    };
+    std::printf("T=%lld %lld/8 %s%s: replay %.2f us/call; medians over calls (ns): release to release %.0f; "
+                "against the previous call's end: first entry %.0f, first at the wait %.0f, last at the wait %.0f, "
+                "first release %.0f, last release %.0f; previous last release -> first entry %.0f; "
+                "first release -> last end %.0f\n",
+                static_cast<long long>(T), static_cast<long long>(hq), mode_name(mode),
+                mode == kAlternate ? (k ? ", the cache's calls" : ", the table's calls") : "", us,
+                med(kRelease, kRelease, true), med(kEntry, kEnd, true), med(kFirstWait, kEnd, true),
+                med(kLastWait, kEnd, true), med(kRelease, kEnd, true), med(kLastRelease, kEnd, true),
+                med(kEntry, kLastRelease, true), med(kEnd, kRelease, false));
   }
-  std::printf("T=%lld %lld/8 %s: replay %.2f us/call; medians over calls (ns): release to release %.0f, "
-              "previous release -> first entry %.0f, first entry -> last at the wait %.0f, "
-              "previous end -> first release %.0f, first release -> last end %.0f\n",
-              static_cast<long long>(T), static_cast<long long>(hq), cache ? "cache " : "rope_base", us,
-              pct(period, 0.5), pct(launch_lag, 0.5), pct(to_wait, 0.5), pct(after_end, 0.5), pct(body, 0.5));
   const char* names[kPoints - 1] = {"prologue", "wait", "wait->norm", "norm factor", "rows ready", "finish"};
   for (int w = 0; w < 2; ++w) {
     std::printf("  last call, warp %d cycles p50 (p90):", w ? 3 : 0);
@@ -217,9 +240,14 @@ static void run(int64_t T, int64_t hq, bool cache) {
   for (void* p : {q, k, v, q_rot, k_rot, kp, vp, dpos_alloc, dslot, table, wq, wk}) CHECK_CUDA(cudaFree(p));
 }
 
-int main() {
-  for (int64_t T : {int64_t{128}, int64_t{1}})
+// Arguments: the token counts (default 128 and 1; with stamps at most the
+// calls that fit kMaxBlocks).
+int main(int argc, char** argv) {
+  std::vector<int64_t> tokens;
+  for (int i = 1; i < argc; ++i) tokens.push_back(std::atoll(argv[i]));
+  if (tokens.empty()) tokens = {128, 1};
+  for (int64_t T : tokens)
     for (int64_t hq : {int64_t{64}, int64_t{32}})
-      for (bool cache : {false, true}) run(T, hq, cache);
+      for (int mode : {kTable, kCache, kAlternate}) run(T, hq, mode);
   return 0;
 }

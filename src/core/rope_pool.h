@@ -127,6 +127,20 @@ struct RopeCudaPolicy {
   // registers cost it (with several rounds per block they cost more; fp8
   // pools would spill 12-16 bytes).
   static constexpr int32_t norm_one_round_min_blocks_per_sm = 10;
+  // Computing cos/sin with the QK norm, one-round blocks that fit in one
+  // wave have one more warp (rope_table_warp), the table warp: it computes
+  // the token's cos/sin table (and stages the norm weights) while the item
+  // warps load and normalize, and signals a named barrier that the item warps
+  // wait at only before they rotate. With one barrier for all warps every
+  // item waited for the table before its norm; now the norm's chain overlaps
+  // the position's round trip and the table's sin/cos. The blocks per
+  // multiprocessor keep the threads (so the registers per thread) of the
+  // 128-thread blocks.
+  static constexpr int32_t table_warp_threads = 32;
+  static constexpr int32_t norm_table_warp_min_blocks_per_sm =
+      norm_one_round_min_blocks_per_sm * max_threads / (max_threads + table_warp_threads);
+  static constexpr int32_t norm_table_warp_fp8_min_blocks_per_sm =
+      norm_min_blocks_per_sm * max_threads / (max_threads + table_warp_threads);
   // On the cos_sin_cache row path with the QK norm, each warp copies the
   // token's cos/sin row and the 2-byte norm weights into shared memory
   // asynchronously (cuda WarpRows: cp.async, as soon as the addresses are
@@ -160,6 +174,17 @@ struct RopeCudaPolicy {
 // (unknown): no.
 inline bool rope_norm_stage(int64_t blocks, int32_t multiprocessors) {
   return multiprocessors > 0 && blocks <= int64_t{RopeCudaPolicy::norm_stage_max_blocks_per_sm} * multiprocessors;
+}
+
+// Whether one-round QK-norm blocks computing cos/sin have a table warp
+// (RopeCudaPolicy::table_warp_threads): where their blocks fit in one wave.
+// Past that the extra warp costs blocks per multiprocessor, and calls of one
+// wave of 128-thread blocks took a second wave (64/8 heads at T = 256: 3.7
+// against 4.8 us replayed). multiprocessors <= 0 (unknown): no.
+inline bool rope_table_warp(int64_t blocks, int32_t multiprocessors, bool fp8) {
+  const int64_t per_sm = fp8 ? RopeCudaPolicy::norm_table_warp_fp8_min_blocks_per_sm
+                             : RopeCudaPolicy::norm_table_warp_min_blocks_per_sm;
+  return multiprocessors > 0 && blocks <= per_sm * multiprocessors;
 }
 
 // The QK-norm kernel's split of one head: `lanes` lanes (a power of two, at

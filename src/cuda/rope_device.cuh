@@ -426,18 +426,22 @@ __device__ __forceinline__ void store_norm_weights(float* w, const RopePoolParam
   else w[kNormWeightsK + i] = staged_weight<T>(b.k, p.norm_k, p.k_norm_f32, p.norm_offset);
 }
 
+// The staging threads: thread `first` stages elements first, first + stride,
+// ... (by default the block's threads, each from its own index).
 template <typename T>
-__device__ __forceinline__ NormWeightBits start_norm_weights(const RopePoolParams& p, const RopePoolPointers& ptr) {
-  const int i = static_cast<int>(threadIdx.x);
-  return i < p.head_dim ? load_norm_weights<T>(p, ptr, i) : NormWeightBits{};
+__device__ __forceinline__ NormWeightBits start_norm_weights(const RopePoolParams& p, const RopePoolPointers& ptr,
+                                                             int first = static_cast<int>(threadIdx.x)) {
+  return first < p.head_dim ? load_norm_weights<T>(p, ptr, first) : NormWeightBits{};
 }
 
 template <typename T>
 __device__ __forceinline__ void finish_norm_weights(float* w, const RopePoolParams& p, const RopePoolPointers& ptr,
-                                                    NormWeightBits first, bool raw_q = false, bool raw_k = false) {
-  int i = static_cast<int>(threadIdx.x);
-  if (i < p.head_dim) store_norm_weights<T>(w, p, i, first, raw_q, raw_k);
-  for (i += blockDim.x; i < p.head_dim; i += blockDim.x)
+                                                    NormWeightBits first_bits, bool raw_q = false, bool raw_k = false,
+                                                    int first = static_cast<int>(threadIdx.x),
+                                                    int stride = static_cast<int>(blockDim.x)) {
+  int i = first;
+  if (i < p.head_dim) store_norm_weights<T>(w, p, i, first_bits, raw_q, raw_k);
+  for (i += stride; i < p.head_dim; i += stride)
     store_norm_weights<T>(w, p, i, load_norm_weights<T>(p, ptr, i), raw_q, raw_k);
 }
 

@@ -331,6 +331,26 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
   }
 }
 
+// The named barrier (0 is __syncthreads') that a table warp signals once the
+// table and the staged norm weights are in shared memory, and that each item
+// warp waits at before it reads them: the block's threads, the table warp's
+// arriving and the item warps' waiting.
+constexpr int kTableBarrier = 1;
+// The inverse frequencies each table-warp lane parks before the PDL wait
+// (lane l: l, l + 32, ...): all of rotary_dim 128's; larger tables read the
+// rest after the wait.
+constexpr int kTableWarpParked = 2;
+// A table-warp block's item threads (those before the table warp).
+__device__ __forceinline__ int item_threads() {
+  return static_cast<int>(blockDim.x) - Policy::table_warp_threads;
+}
+__device__ __forceinline__ void table_done() {
+  asm volatile("bar.arrive %0, %1;" ::"n"(kTableBarrier), "r"(blockDim.x) : "memory");
+}
+__device__ __forceinline__ void wait_for_table() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kTableBarrier), "r"(blockDim.x) : "memory");
+}
+
 // Block (t, s): token t, the (gridDim.y - 1 - s)-th of gridDim.y slices of
 // its work items.
 // kAhead: while on an item, ask L2 for the one kAhead rounds later (0: the
@@ -355,10 +375,13 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
 // RopeCudaPolicy::norm_short_token_max_rounds rounds): the launch bounds ask
 // for norm_short_token_min_blocks_per_sm instead of norm_min_blocks_per_sm.
 template <typename T, int W, int kAhead, bool kFp8, int kNorm, bool kNeoxFull, bool kRowCs, bool kWarpRows = false,
-          bool kTail = false, bool kShortToken = false>
-__global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_blocks_per_sm
-                                           : kAhead == 0 && !kFp8 ? Policy::norm_one_round_min_blocks_per_sm
-                                           : kShortToken ? Policy::norm_short_token_min_blocks_per_sm
+          bool kTail = false, bool kShortToken = false, bool kTableWarp = false>
+__global__ void __launch_bounds__(kTableWarp ? kThreads + Policy::table_warp_threads : kThreads,
+                                  kNorm == kNoNorm ? Policy::min_blocks_per_sm
+                                  : kTableWarp     ? (kFp8 ? Policy::norm_table_warp_fp8_min_blocks_per_sm
+                                                           : Policy::norm_table_warp_min_blocks_per_sm)
+                                  : kAhead == 0 && !kFp8 ? Policy::norm_one_round_min_blocks_per_sm
+                                  : kShortToken          ? Policy::norm_short_token_min_blocks_per_sm
                                                          : Policy::norm_min_blocks_per_sm)
     rope_pool_kernel(const RopePoolPointers ptr, const core::RopeCudaIndex ix,
                      const __grid_constant__ RopePoolParams p) {
@@ -368,6 +391,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   // dynamic shared memory).
   static_assert(!kWarpRows || (kRowCs && kNorm != kNoNorm), "warp rows are for norm row blocks");
   static_assert(!kTail || (kAhead > 0 && kNorm != kNoNorm && !kFp8), "tails are for several-round norm blocks");
+  static_assert(!kTableWarp || (kAhead == 0 && kNorm != kNoNorm && !kRowCs), "table warps are for one-round norm table blocks");
   ATTNPREP_ROPE_STAMP(0);
   extern __shared__ uint4 warp_rows_area[];
   const WarpRows rows(p);
@@ -417,7 +441,9 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   Item<T, W, kNeoxFull> it;
   constexpr bool kEvictLast = kAhead > 0 && Policy::several_round_loads_evict_last;
   constexpr bool kDataFirst = kNorm == kNoNorm && !kFp8;
-  int item = begin + threadIdx.x;
+  // kTableWarp: the last warp computes the table and has no item.
+  const bool table_warp = kTableWarp && threadIdx.x >= blockDim.x - Policy::table_warp_threads;
+  int item = table_warp ? end : begin + static_cast<int>(threadIdx.x);
   if (item < end) it.locate(p, ptr, ix, t, item, n_qk);
   // kWarpRows: the warps that rotate (in one-round blocks, those with a q or
   // k item) copy the rows, and the weights their items multiply as pairs.
@@ -434,16 +460,23 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
     async_w = (copy_q || copy_k) && (copy_q || !p.norm_q) && (copy_k || !p.norm_k) &&
               (!copy_q || on16(ptr.q_norm_weight)) && (!copy_k || on16(ptr.k_norm_weight));
   }
-  const float first_inv_freq =
-      !kRowCs && !p.use_cache && static_cast<int>(threadIdx.x) < half ? read_param_float(p.inv_freq + threadIdx.x) : 0.f;
-  // The thread's inverse frequency, parked in its own table entry before the
-  // wait: ptxas sinks a parameter read below griddepcontrol.wait, and this
-  // one (cold at each launch) then stood between the wait and the table; a
-  // shared-memory store keeps it above the wait, where it overlaps the
-  // kernel before. Read through the block's generic address
-  // (read_param_float): one load per warp, not 32 parameter-bank reads.
-  if constexpr (!kRowCs)
-    if (static_cast<int>(threadIdx.x) < half) cs[threadIdx.x] = first_inv_freq;
+  // The table's threads' first inverse frequencies (kTableWarp: the table
+  // warp's, kTableWarpParked per lane), each parked in its own table entry
+  // before the wait: ptxas sinks a parameter read below
+  // griddepcontrol.wait, and this one (cold at each launch) then stood
+  // between the wait and the table; a shared-memory store keeps it above the
+  // wait, where it overlaps the kernel before. Read through the block's
+  // generic address (read_param_float): one load per warp, not 32
+  // parameter-bank reads.
+  if constexpr (kTableWarp) {
+    if (table_warp && !p.use_cache)
+#pragma unroll
+      for (int j = 0; j < kTableWarpParked; ++j)
+        if (lane32 + 32 * j < half) cs[lane32 + 32 * j] = read_param_float(p.inv_freq + lane32 + 32 * j);
+  } else if constexpr (!kRowCs) {
+    if (!p.use_cache && static_cast<int>(threadIdx.x) < half)
+      cs[threadIdx.x] = read_param_float(p.inv_freq + threadIdx.x);
+  }
 
   ATTNPREP_ROPE_STAMP(1);
   wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
@@ -454,7 +487,10 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   if constexpr (kNorm != kNoNorm && !kRowCs && kNeoxFull) {
     if (async_w) {
       const int chunks = p.head_dim * 2 / 16;  // one tensor's weights, 16 bytes a chunk
-      for (int c = threadIdx.x; c < 2 * chunks; c += blockDim.x) {
+      // (kTableWarp: the table warp's lanes alone)
+      const int c_first = kTableWarp ? lane32 : static_cast<int>(threadIdx.x);
+      const int c_step = kTableWarp ? 32 : static_cast<int>(blockDim.x);
+      for (int c = kTableWarp && !table_warp ? 2 * chunks : c_first; c < 2 * chunks; c += c_step) {
         const bool k = c >= chunks;
         const int j = k ? c - chunks : c;  // the chunk within its tensor
         if (k ? copy_k : copy_q)
@@ -491,12 +527,30 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
   }
 #pragma unroll
   for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
-  NormWeightBits first_w;  // the norm weights, staged around the table (start_norm_weights)
+  // The norm weights, staged around the table (start_norm_weights), by every
+  // thread of the block; kTableWarp: by the item threads, each storing its
+  // share before it signals or waits at the table barrier.
+  NormWeightBits first_w;
   if constexpr (kNorm != kNoNorm && !kRowCs)
-    if (!async_w) first_w = start_norm_weights<T>(p, ptr);
-  // One table per block, behind one barrier: a table per warp would repeat
-  // the cos/sin work, which costs more than the barrier.
-  if constexpr (!kRowCs) {
+    if (!async_w && !table_warp) first_w = start_norm_weights<T>(p, ptr);
+  // One table per block: a table per warp would repeat the cos/sin work,
+  // which costs more than a barrier. kTableWarp: the table warp's (and the
+  // 2-byte weights' asynchronous copies), behind the named barrier that the
+  // item warps wait at after their norm; it then leaves. (Staging all the
+  // weights in that warp alone made Gemma's weights a chain of round trips:
+  // 2.5 us replayed at T = 1.)
+  if constexpr (kTableWarp) {
+    if (table_warp) {
+      for (int i = lane32; i < half; i += 32) {
+        const float2 r = token_cos_sin(p, ptr, pos, pos_ok, i, i < 32 * kTableWarpParked ? cs[i] : p.inv_freq[i]);
+        cs[i] = r.x;
+        cs[kTableSin + i] = r.y;
+      }
+      if (async_w) wait_async_copies();
+      table_done();
+      return;
+    }
+  } else if constexpr (!kRowCs) {
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
       const float2 r = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? cs[i] : p.inv_freq[i]);
       cs[i] = r.x;
@@ -508,6 +562,7 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
     }
     __syncthreads();
   }
+  bool table_waited = false;  // kTableWarp: whether this (item) warp has waited for the table
   for (;;) {
     const bool active = item < end;
     float inv = 0.f;
@@ -517,6 +572,13 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
       if (!__any_sync(0xffffffffu, active)) break;
       ATTNPREP_ROPE_STAMP(3);
       inv = it.head_norm_factor(p, lanes, inv_head_dim, active);
+      if constexpr (kTableWarp) {
+        if (!async_w)
+          finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k,
+                                 static_cast<int>(threadIdx.x), item_threads());
+        wait_for_table();
+        table_waited = true;
+      }
       ATTNPREP_ROPE_STAMP(4);
       if constexpr (kWarpRows)
         if (warp_rows) warp_rows_ready();  // (after the first round: no copies left, a no-op)
@@ -528,13 +590,23 @@ __global__ void __launch_bounds__(kThreads, kNorm == kNoNorm ? Policy::min_block
       it.template finish<kFp8, kNorm, kRowCs, kWarpRows>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, rows, area);
     }
     // One-round blocks have no second item (core::plan_rope_cuda_launch).
-    if constexpr (kWarpRows && kAhead == 0) break;
+    if constexpr ((kWarpRows || kTableWarp) && kAhead == 0) break;
     item += blockDim.x;
     if (item < end) {
       it.locate(p, ptr, ix, t, item, n_qk);
       it.template load<kEvictLast>();
       scale = it.template pool_scale_of<kFp8>(p, ptr);
       if constexpr (kAhead > 0) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
+    }
+  }
+  // kTableWarp: a warp without items still stages its weights and counts in
+  // the table barrier; it arrives without waiting.
+  if constexpr (kTableWarp) {
+    if (!table_waited) {
+      if (!async_w)
+        finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k,
+                               static_cast<int>(threadIdx.x), item_threads());
+      table_done();
     }
   }
 }
@@ -593,6 +665,17 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
       if (core::rope_norm_stage(static_cast<int64_t>(grid.x) * grid.y, multiprocessors_on_current_device()))
         return launch_mode(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR, true>,
                            rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR, true>);
+    }
+    if constexpr (!kR) {
+      // Computing cos/sin: a table warp per block where its blocks fit in
+      // one wave (core::rope_table_warp).
+      if (core::rope_table_warp(static_cast<int64_t>(grid.x) * grid.y, multiprocessors_on_current_device(), kFp8)) {
+        const dim3 with_table(shape.threads + Policy::table_warp_threads);
+        return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR, false, false, false, true>,
+                                           grid, with_table, stream, ptrs, ix, p)
+                           : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR, false, false, false, true>,
+                                           grid, with_table, stream, ptrs, ix, p);
+      }
     }
     return round_first ? launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kRound, kF, kR>, grid, block, stream, ptrs, ix, p)
                        : launch_kernel(rope_pool_kernel<T, V, 0, kFp8, kOffset, kF, kR>, grid, block, stream, ptrs, ix, p);

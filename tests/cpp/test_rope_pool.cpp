@@ -454,6 +454,25 @@ TEST_CASE("CUDA launch: one-round QK-norm blocks stage their weights and cos/sin
   CHECK(!rope_norm_stage(1, -1));
 }
 
+TEST_CASE("CUDA launch: one-round QK-norm blocks computing cos/sin have a table warp where they fit in one wave") {
+  // the table warp's blocks keep the threads per multiprocessor of the 128-thread blocks
+  CHECK_EQ(RopeCudaPolicy::norm_table_warp_min_blocks_per_sm * (RopeCudaPolicy::max_threads + 32),
+           RopeCudaPolicy::norm_one_round_min_blocks_per_sm * RopeCudaPolicy::max_threads);
+  const int64_t per_sm = RopeCudaPolicy::norm_table_warp_min_blocks_per_sm;
+  const int64_t fp8_per_sm = RopeCudaPolicy::norm_table_warp_fp8_min_blocks_per_sm;
+  CHECK(fp8_per_sm < per_sm);
+  CHECK(rope_table_warp(1, 132, false));
+  CHECK(rope_table_warp(per_sm * 132, 132, false));
+  CHECK(!rope_table_warp(per_sm * 132 + 1, 132, false));
+  CHECK(rope_table_warp(fp8_per_sm * 132, 132, true));
+  CHECK(!rope_table_warp(fp8_per_sm * 132 + 1, 132, true));
+  // on an H200: 64/8 heads (5 blocks a token) at T = 128 have it, at T = 256 not
+  CHECK(rope_table_warp(128 * 5, 132, false));
+  CHECK(!rope_table_warp(256 * 5, 132, false));
+  CHECK(!rope_table_warp(1, 0, false));  // multiprocessors unknown: never
+  CHECK(!rope_table_warp(1, -1, true));
+}
+
 TEST_CASE("CUDA launch shape: whole warps, whole rounds, one round per block when split") {
   // The benchmark's shape: 32/8 heads, head_dim 128, bf16 -> 40 heads x 8 rotated pairs of groups + 8 v heads
   // x 8 pairs of groups = 384 items, three whole rounds of 128 threads.

@@ -273,6 +273,28 @@ def test_norm_then_rope(dtype, is_neox, T, heads):
 
 
 @requires_cuda
+@pytest.mark.parametrize("D, heads", [(64, (5, 1)), (128, (5, 1)), (128, (64, 8)), (256, (5, 1)), (512, (5, 1))],
+                         ids=str)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("w_dtype, offset", [(torch.bfloat16, 0.0), (torch.float32, 0.0), (torch.bfloat16, 1.0)],
+                         ids=["qwen3", "qwen3-f32w", "gemma"])
+def test_table_warp_blocks_match_whole_token_blocks(D, heads, is_neox, w_dtype, offset):
+    """Computing cos/sin, a small call's one-round blocks have a table warp
+    (RopeCudaPolicy::table_warp_threads, core::rope_table_warp) that computes
+    the token's cos/sin table (the first 64 inverse frequencies parked before
+    the PDL wait, head_dim 256's and 512's others read after it) and stages
+    the norm weights while the item warps normalize. Their tokens match the
+    reference and, bit for bit, the same tokens inside a call of 1100 (whole-
+    token blocks, or blocks past one wave: one table behind __syncthreads)."""
+    q, k, v, positions, slots, wq, wk = case(1100, heads[0], heads[1], D, torch.bfloat16, seed=D, w_dtype=w_dtype)
+    whole = run(q, k, v, positions, slots, wq, wk, is_neox=is_neox, offset=offset)
+    for T in (1, 37):
+        small = run(q[:T], k[:T], v[:T], positions[:T], torch.arange(T, device="cuda"), wq, wk, is_neox=is_neox,
+                    offset=offset)
+        assert same_bits(small[0], whole[0][:T]) and same_bits(small[1], whole[1][:T])
+
+
+@requires_cuda
 @pytest.mark.parametrize("rot", [32, 64, 6, 2])
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
