@@ -129,9 +129,9 @@ struct RopeCudaPolicy {
   static constexpr int32_t norm_one_round_min_blocks_per_sm = 10;
   // Computing cos/sin with the QK norm, one-round blocks that fit in one
   // wave have one more warp (rope_table_warp), the table warp: it computes
-  // the token's cos/sin table (and stages the norm weights) while the item
-  // warps load and normalize, and signals a named barrier that the item warps
-  // wait at only before they rotate. With one barrier for all warps every
+  // the token's cos/sin table (and copies the 2-byte norm weights) while the
+  // item warps load and normalize, and signals a named barrier that the item
+  // warps wait at only before they rotate. With one barrier for all warps every
   // item waited for the table before its norm; now the norm's chain overlaps
   // the position's round trip and the table's sin/cos. The blocks per
   // multiprocessor keep the threads (so the registers per thread) of the

@@ -331,10 +331,10 @@ __device__ __forceinline__ void prefetch_item(const RopePoolParams& p, const Rop
   }
 }
 
-// The named barrier (0 is __syncthreads') that a table warp signals once the
-// table and the staged norm weights are in shared memory, and that each item
-// warp waits at before it reads them: the block's threads, the table warp's
-// arriving and the item warps' waiting.
+// The named barrier (0 is __syncthreads') of a table-warp block: the table
+// warp arrives once the table and the weights it copies are in shared
+// memory, each item warp stores its share of the staged weights and waits
+// there before it reads them; all the block's threads count.
 constexpr int kTableBarrier = 1;
 // The inverse frequencies each table-warp lane parks before the PDL wait
 // (lane l: l, l + 32, ...): all of rotary_dim 128's; larger tables read the
