@@ -490,7 +490,7 @@ __global__ void __launch_bounds__(kTableWarp ? kThreads + Policy::table_warp_thr
       // (kTableWarp: the table warp's lanes alone)
       const int c_first = kTableWarp ? lane32 : static_cast<int>(threadIdx.x);
       const int c_step = kTableWarp ? 32 : static_cast<int>(blockDim.x);
-      for (int c = kTableWarp && !table_warp ? 2 * chunks : c_first; c < 2 * chunks; c += c_step) {
+      for (int c = c_first; (!kTableWarp || table_warp) && c < 2 * chunks; c += c_step) {
         const bool k = c >= chunks;
         const int j = k ? c - chunks : c;  // the chunk within its tensor
         if (k ? copy_k : copy_q)
@@ -562,6 +562,15 @@ __global__ void __launch_bounds__(kTableWarp ? kThreads + Policy::table_warp_thr
     }
     __syncthreads();
   }
+  // kTableWarp, an item warp: its share of the staged weights stored, then
+  // at the table barrier, waiting (it has an item) or only counted (none).
+  const auto table_barrier = [&](bool wait) {
+    if (!async_w)
+      finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k,
+                             static_cast<int>(threadIdx.x), item_threads());
+    if (wait) wait_for_table();
+    else table_done();
+  };
   bool table_waited = false;  // kTableWarp: whether this (item) warp has waited for the table
   for (;;) {
     const bool active = item < end;
@@ -573,10 +582,7 @@ __global__ void __launch_bounds__(kTableWarp ? kThreads + Policy::table_warp_thr
       ATTNPREP_ROPE_STAMP(3);
       inv = it.head_norm_factor(p, lanes, inv_head_dim, active);
       if constexpr (kTableWarp) {
-        if (!async_w)
-          finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k,
-                                 static_cast<int>(threadIdx.x), item_threads());
-        wait_for_table();
+        table_barrier(true);
         table_waited = true;
       }
       ATTNPREP_ROPE_STAMP(4);
@@ -599,16 +605,8 @@ __global__ void __launch_bounds__(kTableWarp ? kThreads + Policy::table_warp_thr
       if constexpr (kAhead > 0) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
     }
   }
-  // kTableWarp: a warp without items still stages its weights and counts in
-  // the table barrier; it arrives without waiting.
-  if constexpr (kTableWarp) {
-    if (!table_waited) {
-      if (!async_w)
-        finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k,
-                               static_cast<int>(threadIdx.x), item_threads());
-      table_done();
-    }
-  }
+  if constexpr (kTableWarp)
+    if (!table_waited) table_barrier(false);
 }
 
 template <typename T, bool kFp8, bool kNeoxFull, bool kRowCs>
