@@ -1,3 +1,4 @@
+import faulthandler
 import os
 import socket
 
@@ -45,7 +46,11 @@ def spawn_ranks(worker, world, *args, timeout=180):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, results) + args) for r in range(world)]
+    # a rank still running 20 s before the call gives up prints its threads'
+    # stacks on stderr, which the failing test shows: a hang says where
+    dump_after = max(timeout - 20, 1)
+    procs = [ctx.Process(target=_rank_main, args=(dump_after, worker, r, world, port, results) + args)
+             for r in range(world)]
     for p in procs:
         p.start()
     try:
@@ -56,6 +61,11 @@ def spawn_ranks(worker, world, *args, timeout=180):
             if p.is_alive():
                 p.kill()
     return got, [p.exitcode for p in procs]
+
+
+def _rank_main(dump_after, worker, *args):
+    faulthandler.dump_traceback_later(dump_after)
+    worker(*args)
 
 
 def assert_ranks_ok(worker, world, *args, timeout=180):
