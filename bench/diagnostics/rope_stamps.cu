@@ -173,9 +173,17 @@ static void run(int64_t T, int64_t hq, int mode) {
     CHECK_CUDA(attnprep::cuda::rope_pool(params[kind(c)], ptrs, DType::BFloat16, s));
   });
   CHECK_CUDA(cudaDeviceSynchronize());
+  // q_rot and k_rot's bytes hashed (FNV-1a): two builds of rope_pool.cu
+  // that compute the same values print the same hash
+  uint64_t hash = 14695981039346656037ull;
+  for (const auto& [out, bytes] : {std::pair{q_rot, T * hq * D * 2}, std::pair{k_rot, T * hkv * D * 2}}) {
+    std::vector<unsigned char> h(static_cast<size_t>(bytes));
+    CHECK_CUDA(cudaMemcpy(h.data(), out, h.size(), cudaMemcpyDeviceToHost));
+    for (unsigned char b : h) hash = (hash ^ b) * 1099511628211ull;
+  }
 #ifdef ATTNPREP_STAMPS_OFF
-  std::printf("T=%lld %lld/8 %s: replay %.3f us/call (no stamps)\n", static_cast<long long>(T),
-              static_cast<long long>(hq), mode_name(mode), us);
+  std::printf("T=%lld %lld/8 %s: replay %.3f us/call (no stamps), outputs %016llx\n", static_cast<long long>(T),
+              static_cast<long long>(hq), mode_name(mode), us, static_cast<unsigned long long>(hash));
 #else
   std::vector<unsigned long long> st(size_t{kCalls} * kMaxBlocks * kWarps * kSlots);
   CHECK_CUDA(cudaMemcpyFromSymbol(st.data(), g_stamps, st.size() * 8));
