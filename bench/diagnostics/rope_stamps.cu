@@ -173,14 +173,20 @@ static void run(int64_t T, int64_t hq, int mode) {
     CHECK_CUDA(attnprep::cuda::rope_pool(params[kind(c)], ptrs, DType::BFloat16, s));
   });
   CHECK_CUDA(cudaDeviceSynchronize());
-  // q_rot and k_rot's bytes hashed (FNV-1a): two builds of rope_pool.cu
-  // that compute the same values print the same hash
+  // q_rot's and k_rot's bytes and the pool rows the call writes hashed
+  // (FNV-1a): two builds of rope_pool.cu that compute and write the same
+  // values print the same hash
   uint64_t hash = 14695981039346656037ull;
-  for (const auto& [out, bytes] : {std::pair{q_rot, T * hq * D * 2}, std::pair{k_rot, T * hkv * D * 2}}) {
+  const auto add = [&](const void* from, int64_t bytes) {
     std::vector<unsigned char> h(static_cast<size_t>(bytes));
-    CHECK_CUDA(cudaMemcpy(h.data(), out, h.size(), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(h.data(), from, h.size(), cudaMemcpyDeviceToHost));
     for (unsigned char b : h) hash = (hash ^ b) * 1099511628211ull;
-  }
+  };
+  add(q_rot, T * hq * D * 2);
+  add(k_rot, T * hkv * D * 2);
+  const int64_t row = hkv * D * 2;
+  for (const void* pool_base : {kp, vp})
+    for (int64_t t = 0; t < T; ++t) add(static_cast<const char*>(pool_base) + slot[t] * row, row);
 #ifdef ATTNPREP_STAMPS_OFF
   std::printf("T=%lld %lld/8 %s: replay %.3f us/call (no stamps), outputs %016llx\n", static_cast<long long>(T),
               static_cast<long long>(hq), mode_name(mode), us, static_cast<unsigned long long>(hash));
