@@ -21,7 +21,7 @@ shift $((OPTIND - 1))
 out=build/rope_stamps
 mkdir -p "$out"
 harness=$PWD/bench/diagnostics
-bins=()
+revs=("$@") bins=()
 for rev in "$@"; do
   sha=$(git rev-parse --short=12 "$rev^{commit}") || exit 1
   bin=$out/${sha}_off
@@ -44,7 +44,7 @@ wait
 for bin in "${bins[@]}"; do [ -x "$bin" ] || exit 1; done
 for r in $(seq "$rounds"); do
   for i in "${!bins[@]}"; do
-    echo "== $(basename "${bins[$i]}") ($(sed -n "$((i + 1))p" <(printf '%s\n' "$@"))) round $r"
+    echo "== $(basename "${bins[$i]}") (${revs[$i]}) round $r"
     "${bins[$i]}" $tokens > "${bins[$i]}.txt" || { cat "${bins[$i]}.txt"; exit 1; }
     grep -v alternate "${bins[$i]}.txt" | sed 's/ (no stamps)//'
   done
