@@ -255,7 +255,9 @@ inline RopeCudaIndex plan_rope_cuda_index(const RopePoolParams& p, int64_t split
   RopeCudaIndex ix;
   ix.qk_items = FastDivmod(static_cast<uint32_t>(p.qk_items_per_head));
   ix.v_items = FastDivmod(static_cast<uint32_t>(p.v_items_per_head));
-  ix.page = FastDivmod(static_cast<uint32_t>(p.page_size));
+  // A pool of no slots (pages of none, or no pages of any size) divides no
+  // slot; otherwise page_size <= pool_size < 2^32.
+  ix.page = FastDivmod(static_cast<uint32_t>(p.pool_size > 0 ? p.page_size : 1));
   ix.items_per_block = rope_items_per_block(static_cast<int>(rope_items_per_token(p)), static_cast<int>(splits), lanes);
   return ix;
 }

@@ -101,8 +101,9 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
   const long slot = rope_read_index(slots, t, p.slots_int64);
   const bool pos_ok = p.use_cache == 0 || (pos >= 0 && pos < p.cache_len);
   const bool write_pool = pos_ok && slot >= 0 && slot < p.pool_size;
-  // slot -> (page, offset) of a paged pool; a flat pool is pages of one slot
-  const long page = slot / p.page_size;
+  // slot -> (page, offset) of a paged pool; a flat pool is pages of one slot.
+  // Only for a slot in the pool: a pool of empty pages has page_size 0.
+  const long page = write_pool ? slot / p.page_size : 0;
   const long offset = slot - page * p.page_size;
   const long k_row = page * p.kp_stride_page + offset * p.kp_stride_offset;
   const long v_row = page * p.vp_stride_page + offset * p.vp_stride_offset;

@@ -510,6 +510,24 @@ TEST_CASE("CUDA launch shape: whole warps, whole rounds, one round per block whe
     }
 }
 
+TEST_CASE("CUDA launch: pools of no slots plan without a division by zero") {
+  // pages of no slots, and no pages of 2^32 slots (whose 32-bit divisor would read 0)
+  for (int64_t pages : {int64_t{3}, int64_t{0}})
+    for (KvLayout layout : {KvLayout::NHD, KvLayout::HND}) {
+      const int64_t page = pages ? 0 : int64_t{1} << 32;
+      RopePoolArgs a = args();
+      a.kv_layout = layout;
+      a.k_pool = layout == KvLayout::NHD ? make({pages, page, 2, 64}) : make({pages, 2, page, 64});
+      a.v_pool = layout == KvLayout::NHD ? make({pages, page, 2, 64}) : make({pages, 2, page, 64});
+      check_rope_pool(a);  // valid: every slot is past the pool
+      const RopePoolParams p = make_rope_pool_params(a, a.q, a.k);
+      CHECK_EQ(p.pool_size, int64_t{0});
+      CHECK_EQ(p.page_size, page);
+      // the kernel divides only slots in [0, pool_size): none here, and no divisor of 0 is formed
+      CHECK_EQ(plan_rope_cuda_index(p, 1, 1).page.divisor, 1u);
+    }
+}
+
 TEST_CASE("CUDA launch: a several-round call's last wave in one-round slices, every item served once") {
   // The benchmark's shape on an H200 with the QK norm (9 blocks x 132 multiprocessors): 2048 tokens of 3
   // rounds end with the 396 tokens whose 1188 slices fill the resident blocks once.

@@ -76,6 +76,7 @@ struct Case {
   bool neox = true, cache = false, cache_bf16 = false, inplace = false, duplicate_slot = false;
   int64_t page_size = 0;  // 0: a flat pool; else paged, `pool` slots in pages of this many
   bool hnd = false;       // paged layout: [pages, heads, page, D] instead of [pages, page, heads, D]
+  bool empty_pages = false;  // paged, 3 pages of no slots (page_size 0): every slot is past the pool
   int64_t pad_groups = 0;
   int threads = 32;
   // QK norm: 0 none; 1 q and k, float32 weights, offset 0 (Qwen3); 2 k only,
@@ -109,7 +110,7 @@ void run_case(const Case& c, uint32_t seed) {
   const int64_t prow = c.hkv * c.D + c.pool_pad;
   // slots up to pool + T occur: a guard of that many rows catches any store past the pool
   const size_t guard = static_cast<size_t>((c.T + 8) * prow);
-  const int64_t P = c.page_size, pages = P ? c.pool / P : 0;
+  const int64_t P = c.page_size, pages = c.empty_pages ? 3 : P ? c.pool / P : 0;
   const int64_t page_stride = c.hnd ? c.hkv * P * c.D + c.pool_pad : P * prow;
   // element offset of (slot, head, d) in a pool, by layout
   auto pool_off = [&](int64_t slot, int64_t h, int64_t d) {
@@ -119,7 +120,7 @@ void run_case(const Case& c, uint32_t seed) {
   };
   for (Buffer<E>* pool : {&kp, &vp}) {
     const uint32_t s = seed + (pool == &kp ? 3 : 4);
-    if (!P)
+    if (!P && !c.empty_pages)
       pool->make({c.pool, c.hkv, c.D}, dt, s, {prow, c.D, 1}, guard);
     else if (c.hnd)
       pool->make({pages, c.hkv, P, c.D}, dt, s, {page_stride, P * c.D, c.D, 1}, guard);
@@ -152,7 +153,7 @@ void run_case(const Case& c, uint32_t seed) {
   const int64_t max_pos = c.cache ? 300 : (1 << 20);
   for (int64_t t = 0; t < c.T; ++t) {
     positions[t] = static_cast<int64_t>(rng() % max_pos);
-    slots[t] = perm[static_cast<size_t>(t)];
+    slots[t] = t < c.pool ? perm[static_cast<size_t>(t)] : static_cast<int32_t>(t);
     if (t % 5 == 1) slots[t] = -1;
     if (t % 7 == 3) slots[t] = static_cast<int32_t>(c.pool + t);
   }
@@ -224,7 +225,7 @@ void run_case(const Case& c, uint32_t seed) {
 
   const std::string what = std::string(core::dtype_name(dt)) + " T=" + std::to_string(c.T) + " D=" +
                            std::to_string(c.D) + " rot=" + std::to_string(rot) + (c.neox ? " neox" : " gptj") +
-                           (c.cache ? " cache" : "") + (c.norm ? " norm" + std::to_string(c.norm) : "") + (P ? (c.hnd ? " HND page " : " NHD page ") + std::to_string(P) : "");
+                           (c.cache ? " cache" : "") + (c.norm ? " norm" + std::to_string(c.norm) : "") + (P || c.empty_pages ? (c.hnd ? " HND page " : " NHD page ") + std::to_string(P) : "");
   // q_rot / k_rot against the reference
   // `rotated`: the reference's rotation inputs (normalized heads where asked)
   auto compare = [&](const std::vector<double>& want, const Elem* got, const TensorArg& layout,
@@ -340,6 +341,17 @@ TEST_CASE("emulated Metal kernel: paged pools, NHD and HND, pages of 1, 4 and 16
       c.T = 29;
       run_case<float>(c, seed++);
     }
+}
+
+TEST_CASE("emulated Metal kernel: paged pools of empty pages (page_size 0) rotate q and k and write nothing") {
+  uint32_t seed = 320;
+  for (bool hnd : {false, true}) {
+    Case c;
+    c.empty_pages = true;
+    c.hnd = hnd;
+    c.pool = 0;
+    run_case<bfloat>(c, seed++);
+  }
 }
 
 TEST_CASE("emulated Metal kernel: padded grid, a group size of 64, duplicate slots are write conflicts") {

@@ -184,6 +184,36 @@ def test_check_slots_counts_the_pages():
 
 
 @requires_cuda
+@pytest.mark.parametrize("norm", [False, True], ids=["rope", "qk_norm"])
+@pytest.mark.parametrize("T", [17, 1100])
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16] + FP8, ids=str)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_pools_of_empty_pages(layout, pool_dtype, T, norm):
+    """Pages of no slots (page_size 0, a pool of no slots): q and k rotate as
+    with any pool and nothing is written; the slot -> page divisor is never
+    formed from the 0."""
+    g = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(T, h, 128, generator=g).to(torch.bfloat16).cuda() for h in (8, 2, 2))
+    positions = torch.randint(0, 1 << 16, (T,), generator=g).cuda()
+    slots = torch.arange(T, device="cuda")
+    kw = dict(head_dim=128, num_qo_heads=8, num_kv_heads=2, rope_base=1e4, kv_layout=layout)
+    if pool_dtype in FP8:
+        kw.update(k_scale=torch.ones((), device="cuda"), v_scale=torch.ones((), device="cuda"))
+    if norm:
+        kw.update(q_norm_weight=torch.rand(128, generator=g).cuda(), k_norm_weight=torch.rand(128, generator=g).cuda())
+    shape = (3, 0, 2, 128) if layout == "NHD" else (3, 2, 0, 128)
+    empty = [torch.empty(shape, device="cuda", dtype=pool_dtype) for _ in range(2)]
+    got = attnprep.rope_pool_fused(q, k, v, positions, slots, *empty, **kw)
+    # the same tokens into a pool of real pages, every slot skipped: the same q_rot and k_rot
+    real_shape = (3, 16, 2, 128) if layout == "NHD" else (3, 2, 16, 128)
+    real = [torch.zeros(real_shape, device="cuda", dtype=pool_dtype) for _ in range(2)]
+    want = attnprep.rope_pool_fused(q, k, v, positions, torch.full_like(slots, -1), *real, **kw)
+    torch.cuda.synchronize()
+    assert got[2] is empty[0] and got[3] is empty[1]
+    assert same_bits(got[0], want[0]) and same_bits(got[1], want[1])
+
+
+@requires_cuda
 def test_torch_compile_with_paged_fp8():
     def f(q, k, v, positions, slots, k_pool, v_pool, k_scale, v_scale):
         out = attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=64, num_qo_heads=4,
