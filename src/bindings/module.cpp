@@ -10,6 +10,7 @@ void init_usp_merge_heads(nb::module_& m);
 void init_rope_pool(nb::module_& m);
 void init_wire(nb::module_& m);
 void init_peer(nb::module_& m);
+void init_tensor_import(nb::module_& m);
 }  // namespace attnprep::bindings
 
 NB_MODULE(_C, m) {
@@ -20,4 +21,5 @@ NB_MODULE(_C, m) {
   attnprep::bindings::init_rope_pool(m);
   attnprep::bindings::init_wire(m);
   attnprep::bindings::init_peer(m);
+  attnprep::bindings::init_tensor_import(m);
 }

@@ -43,6 +43,7 @@ nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, 
   nb::object result;
   core::TensorArg dst;
   if (out.is_none()) {
+    core::check_pack_qkv_output_size(shape);
     NewTensor n = new_tensor_like(q, tq, shape.out_shape, 4);
     result = std::move(n.tensor);
     dst = n.arg;
@@ -70,6 +71,8 @@ std::vector<int64_t> pack_qkv_meta(nb::handle q, nb::handle k, nb::handle v, nb:
   const Inputs in = import_inputs(import_metadata, q, k, v, world_size);
   if (!out.is_none())
     core::check_pack_qkv_out(in.shape, in.q.arg, in.k.arg, in.v.arg, import_metadata(out, "out").arg);
+  else
+    core::check_pack_qkv_output_size(in.shape);
   return {in.shape.out_shape, in.shape.out_shape + 4};
 }
 

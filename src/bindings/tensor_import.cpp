@@ -79,32 +79,57 @@ const ExchangeApi* exchange_api(PyTypeObject* type) {
   return api;
 }
 
-core::DType to_dtype(uint8_t code, uint8_t bits) {
+// DLPack's type codes (dlpack.h, DLDataTypeCode) that torch exports.
+enum : uint8_t {
+  kInt = 0, kUInt = 1, kFloat = 2, kBFloat = 4, kComplex = 5, kBool = 6,
+  kF8E4M3FN = 10, kF8E4M3FNUZ = 11, kF8E5M2 = 12, kF8E5M2FNUZ = 13, kF8E8M0FNU = 14, kF4E2M1FN = 17,
+};
+
+core::DType to_dtype(uint8_t code, uint8_t bits, uint16_t lanes) {
   using core::DType;
-  enum : uint8_t { Int = 0, UInt = 1, Float = 2, BFloat = 4, Complex = 5, Bool = 6, F8E4M3FN = 10, F8E5M2 = 12 };
   switch (code) {
-    case Float:
+    case kFloat:
       return bits == 16 ? DType::Float16 : bits == 32 ? DType::Float32 : bits == 64 ? DType::Float64 : DType::Other;
-    case BFloat: return bits == 16 ? DType::BFloat16 : DType::Other;
-    case Int:
+    case kBFloat: return bits == 16 ? DType::BFloat16 : DType::Other;
+    // 8 bits is also torch.int1 ... torch.int7 (torch.uint1 ... uint7): import_tensor asks torch which
+    case kInt:
       return bits == 8 ? DType::Int8 : bits == 16 ? DType::Int16 : bits == 32 ? DType::Int32
            : bits == 64 ? DType::Int64 : DType::Other;
-    case UInt: return bits == 8 ? DType::UInt8 : DType::Other;
-    case Bool: return DType::Bool;
-    case Complex: return bits == 64 ? DType::Complex64 : bits == 128 ? DType::Complex128 : DType::Other;
-    case F8E4M3FN: return DType::Float8E4M3FN;
-    case F8E5M2: return DType::Float8E5M2;
+    case kUInt:
+      return bits == 8 ? DType::UInt8 : bits == 16 ? DType::UInt16 : bits == 32 ? DType::UInt32
+           : bits == 64 ? DType::UInt64 : DType::Other;
+    case kBool: return DType::Bool;
+    case kComplex:
+      return bits == 32 ? DType::Complex32 : bits == 64 ? DType::Complex64 : bits == 128 ? DType::Complex128
+                                                                            : DType::Other;
+    case kF8E4M3FN: return DType::Float8E4M3FN;
+    case kF8E4M3FNUZ: return DType::Float8E4M3FNUZ;
+    case kF8E5M2: return DType::Float8E5M2;
+    case kF8E5M2FNUZ: return DType::Float8E5M2FNUZ;
+    case kF8E8M0FNU: return DType::Float8E8M0FNU;
+    case kF4E2M1FN: return bits == 4 && lanes == 2 ? DType::Float4E2M1FNx2 : DType::Other;
     default: return DType::Other;
   }
 }
 
+// Whether an output of dtype `d` is allocated from DLPack's description: not
+// for torch.int1 ... torch.uint7 (8-bit integers to DLPack, so torch would
+// make int8 / uint8), nor for the rare float4_e2m1fn_x2 (two lanes, which
+// the exchange table's allocator is not relied on to take): torch.empty
+// makes those.
+bool dlpack_describes(core::DType d) {
+  return !(d >= core::DType::Int1 && d <= core::DType::UInt7) && d != core::DType::Float4E2M1FNx2;
+}
+
 core::TensorArg to_arg(const dltensor& t, const char* what) {
   core::TensorArg a;
-  if (t.dtype.lanes != 1 || t.dtype.bits % 8 != 0)
+  a.dtype = to_dtype(t.dtype.code, t.dtype.bits, t.dtype.lanes);
+  // torch.float4_e2m1fn_x2: two 4-bit lanes, one byte an element (sizes and strides count bytes)
+  const bool packed = a.dtype == core::DType::Float4E2M1FNx2;
+  if ((t.dtype.lanes != 1 && !packed) || t.dtype.bits * t.dtype.lanes % 8 != 0)
     throw nb::type_error((std::string(what) + " has a dtype attnprep cannot address").c_str());
   a.data = static_cast<unsigned char*>(t.data) + t.byte_offset;
-  a.dtype = to_dtype(t.dtype.code, t.dtype.bits);
-  a.itemsize = t.dtype.bits / 8;
+  a.itemsize = t.dtype.bits * t.dtype.lanes / 8;
   const int32_t dev = t.device.device_type;
   a.device.type = dev == kDLCUDA ? core::DeviceType::CUDA
                 : dev == kDLMetal ? core::DeviceType::MPS
@@ -119,27 +144,12 @@ core::TensorArg to_arg(const dltensor& t, const char* what) {
   for (int d = t.ndim - 1; d >= 0; --d) {
     a.shape[d] = t.shape[d];
     a.strides[d] = t.strides ? t.strides[d] : expected;  // NULL strides mean row-major
-    expected *= t.shape[d];
+    if (!t.strides) expected *= t.shape[d];
   }
   return a;
 }
 
 std::string py_type_name(nb::handle obj) { return nb::cast<std::string>(obj.type().attr("__name__")); }
-
-core::DType dtype_from_name(const std::string& name) {
-  using core::DType;
-  static const std::pair<const char*, DType> table[] = {
-      {"torch.float16", DType::Float16},       {"torch.bfloat16", DType::BFloat16},
-      {"torch.float32", DType::Float32},       {"torch.float64", DType::Float64},
-      {"torch.float8_e4m3fn", DType::Float8E4M3FN}, {"torch.float8_e5m2", DType::Float8E5M2},
-      {"torch.int8", DType::Int8},             {"torch.uint8", DType::UInt8},
-      {"torch.int16", DType::Int16},           {"torch.int32", DType::Int32},
-      {"torch.int64", DType::Int64},           {"torch.bool", DType::Bool},
-      {"torch.complex64", DType::Complex64},   {"torch.complex128", DType::Complex128}};
-  for (const auto& [n, d] : table)
-    if (name == n) return d;
-  return DType::Other;
-}
 
 bool is_meta(nb::handle obj) {
   nb::object device = nb::getattr(obj, "device", nb::none());
@@ -209,7 +219,7 @@ ImportedTensor import_metadata(nb::handle obj, const char* what) {
   std::vector<int64_t> shape = int_list(obj.attr("shape"));
   std::vector<int64_t> stride = int_list(obj.attr("stride")());
   a.ndim = static_cast<int32_t>(shape.size());
-  a.dtype = dtype_from_name(str_of(obj.attr("dtype")));
+  a.dtype = core::dtype_from_name(str_of(obj.attr("dtype")));
   a.itemsize = static_cast<int32_t>(PyLong_AsLong(obj.attr("element_size")().ptr()));
   nb::object device = obj.attr("device");
   const std::string type = str_of(device.attr("type"));
@@ -230,6 +240,19 @@ ImportedTensor import_metadata(nb::handle obj, const char* what) {
   return out;
 }
 
+namespace {
+// `out` with the description of `obj` that DLPack gave; an 8-bit integer
+// may be torch.int1 ... torch.int7 (uint), so torch names it.
+ImportedTensor described(ImportedTensor out, nb::handle obj, const dltensor& t, const char* what) {
+  out.arg = to_arg(t, what);
+  if (out.arg.dtype == core::DType::Int8 || out.arg.dtype == core::DType::UInt8)
+    out.arg.dtype = core::dtype_from_name(str_of(obj.attr("dtype")));
+  out.dl_dtype = t.dtype;
+  out.dl_device = t.device;
+  return out;
+}
+}  // namespace
+
 ImportedTensor import_tensor(nb::handle obj, const char* what) {
   ImportedTensor out;
   if (const ExchangeApi* api = exchange_api(Py_TYPE(obj.ptr()))) {
@@ -243,10 +266,7 @@ ImportedTensor import_tensor(nb::handle obj, const char* what) {
       require_strided(obj, what);
       throw refusal;
     }
-    out.arg = to_arg(t, what);
-    out.dl_dtype = t.dtype;
-    out.dl_device = t.device;
-    return out;
+    return described(std::move(out), obj, t, what);
   }
   if (!nb::hasattr(obj, "__dlpack__")) not_a_tensor(obj, what);
   if (is_meta(obj)) return import_metadata(obj, what);
@@ -264,10 +284,7 @@ ImportedTensor import_tensor(nb::handle obj, const char* what) {
   t.dtype = out.keepalive.dtype();
   t.shape = const_cast<int64_t*>(out.keepalive.shape_ptr());
   t.strides = const_cast<int64_t*>(out.keepalive.stride_ptr());
-  out.arg = to_arg(t, what);
-  out.dl_dtype = t.dtype;
-  out.dl_device = t.device;
-  return out;
+  return described(std::move(out), obj, t, what);
 }
 
 int64_t int_arg(nb::handle obj, const char* op, const char* name, const char* out_of_range) {
@@ -321,7 +338,8 @@ void set_error(void* ctx, const char* kind, const char* message) {
 
 NewTensor new_tensor_like(nb::handle like_obj, const ImportedTensor& like, const int64_t* shape, int ndim) {
   NewTensor out;
-  if (const ExchangeApi* api = exchange_api(Py_TYPE(like_obj.ptr()))) {
+  const ExchangeApi* api = exchange_api(Py_TYPE(like_obj.ptr()));
+  if (api != nullptr && dlpack_describes(like.arg.dtype)) {
     dltensor proto;
     proto.data = nullptr;
     proto.device = like.dl_device;
@@ -348,6 +366,16 @@ NewTensor new_tensor_like(nb::handle like_obj, const ImportedTensor& like, const
   ImportedTensor t = import_tensor(out.tensor, "output");
   out.arg = t.arg;
   return out;
+}
+
+void init_tensor_import(nb::module_& m) {
+  m.def(
+      "_imported_dtype",
+      [](nb::handle x, bool metadata_only) {
+        return std::string(core::dtype_name((metadata_only ? import_metadata(x, "x") : import_tensor(x, "x")).arg.dtype));
+      },
+      nb::arg("x"), nb::arg("metadata_only"),
+      "Internal (tests): x's dtype as the checks see it, through the eager import or the fake kernels' one.");
 }
 
 const char* dlpack_path() {

@@ -28,11 +28,17 @@ PackQkvShape check_pack_qkv_inputs(const TensorArg& q, const TensorArg& k, const
   s.global_heads = q.size(1);
   s.local_heads = s.global_heads / world_size;
   s.head_size = q.size(2);
-  s.out_shape[0] = world_size;
-  s.out_shape[1] = s.rows;
-  s.out_shape[2] = s.local_heads;
-  s.out_shape[3] = 3 * s.head_size;
+  s.fits = fits_int64_bytes({world_size, s.rows, s.local_heads, 3, s.head_size}, q.itemsize);
+  // An output past int64 has no shape a tensor could have: -1 matches none (check 6).
+  s.out_shape[0] = s.fits ? world_size : -1;
+  s.out_shape[1] = s.fits ? s.rows : -1;
+  s.out_shape[2] = s.fits ? s.local_heads : -1;
+  s.out_shape[3] = s.fits ? 3 * s.head_size : -1;
   return s;
+}
+
+void check_pack_qkv_output_size(const PackQkvShape& s) {
+  require(s.fits, "q, k, and v are too large: the output would exceed 2^63 - 1 bytes");
 }
 
 void check_pack_qkv_out(const PackQkvShape& s, const TensorArg& q, const TensorArg& k, const TensorArg& v,
@@ -60,8 +66,8 @@ StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const T
     // output bytes (walking in source order keeps reads sequential instead,
     // and DRAM serves scattered reads better than scattered writes)
     const int64_t dims[kCopyDims] = {1, s.world_size, s.rows, s.local_heads};
-    const int64_t src_stride[kCopyDims] = {0, s.local_heads * t.stride(1) * es, t.stride(0) * es,
-                                           t.stride(1) * es};
+    const int64_t src_stride[kCopyDims] = {0, s.local_heads * t.byte_stride(1), t.byte_stride(0),
+                                           t.byte_stride(1)};
     const int64_t dst_stride[kCopyDims] = {0, s.rows * s.local_heads * out_row,
                                            s.local_heads * out_row, out_row};
     for (int d = 0; d < kCopyDims; ++d) {
@@ -85,7 +91,7 @@ bool plan_pack_flat(const PackQkvShape& s, const TensorArg& q, const TensorArg& 
   const TensorArg* src[3] = {&q, &k, &v};
   for (int j = 0; j < 3; ++j) {
     const TensorArg& t = *src[j];
-    const int64_t row_stride = t.stride(0) * es, head_stride = t.stride(1) * es;
+    const int64_t row_stride = t.byte_stride(0), head_stride = t.byte_stride(1);
     const auto fits = [](int64_t x) { return x >= INT32_MIN && x <= INT32_MAX; };
     if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || row_stride % 16 != 0 || head_stride % 16 != 0 ||
         !fits(row_stride) || !fits(head_stride))
@@ -163,7 +169,7 @@ StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& s, const TensorArg& q, con
     job.row_bytes = row;
     job.src_elem_stride = es;
     job.itemsize = static_cast<int32_t>(es);
-    const int64_t hs = t.stride(1) * es, rs = t.stride(0) * es;
+    const int64_t hs = t.byte_stride(1), rs = t.byte_stride(0);
     int64_t dims[kCopyDims], ss[kCopyDims], ds[kCopyDims];
     if (j == 0 || s.kv_heads >= s.world_size) {
       // chunk c of destination d: heads d * local + c * per_chunk + [0, per_chunk)

@@ -11,7 +11,8 @@ namespace attnprep::core {
 
 struct PackQkvShape {
   int64_t world_size, rows, global_heads, local_heads, head_size;
-  // [world_size, rows, local_heads, 3 * head_size]
+  bool fits;  // the output spans at most 2^63 - 1 bytes (core::fits_int64_bytes)
+  // [world_size, rows, local_heads, 3 * head_size]; -1s where it does not fit
   int64_t out_shape[4];
 };
 
@@ -24,6 +25,9 @@ PackQkvShape check_pack_qkv_inputs(const TensorArg& q, const TensorArg& k, const
 // dtype, and shares no byte with q, k or v.
 void check_pack_qkv_out(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k, const TensorArg& v,
                         const TensorArg& out);
+
+// Check 8, before the output is allocated (out=None): it fits in int64 bytes.
+void check_pack_qkv_output_size(const PackQkvShape& shape);
 
 // The three copy jobs (q, k, v into their thirds of each output row).
 StridedCopyPlan plan_pack_qkv(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k,

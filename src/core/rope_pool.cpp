@@ -97,14 +97,21 @@ void check_rope_pool(const RopePoolArgs& a) {
   } else {
     require(std::isfinite(a.rope_base) && a.rope_base > 0, "rope_base must be a positive number");
   }
-  if (a.num_qo_heads + a.num_kv_heads > kRopeMaxHeads)
-    throw ValueError("rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got " +
-                     std::to_string(a.num_qo_heads + a.num_kv_heads));
+  // The counts below are tensor sizes (checks 4-8), so never negative; their
+  // sum and product are formed without overflow.
+  const uint64_t heads = static_cast<uint64_t>(a.num_qo_heads) + static_cast<uint64_t>(a.num_kv_heads);
+  if (heads > kRopeMaxHeads)
+    throw ValueError("rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got " + std::to_string(heads));
   if (T > kRopeMaxTokens)
     throw ValueError("rope_pool_fused supports fewer than 2^31 tokens, got " + std::to_string(T));
-  const int64_t slots = pool_geometry(a.k_pool, a.kv_layout).slots;
-  if (a.k_pool.ndim == 4 && slots > kRopeMaxPagedSlots)
-    throw ValueError("rope_pool_fused supports paged pools of fewer than 2^32 slots, got " + std::to_string(slots));
+  if (a.k_pool.ndim == 4) {
+    // an HND pool with no heads can have pages * page_size past int64
+    const int64_t pages = a.k_pool.size(0), page_size = a.kv_layout == KvLayout::NHD ? a.k_pool.size(1)
+                                                                                     : a.k_pool.size(2);
+    if (page_size > 0 && pages > kRopeMaxPagedSlots / page_size)
+      throw ValueError("rope_pool_fused supports paged pools of fewer than 2^32 slots, got " +
+                       product_str(static_cast<uint64_t>(pages), static_cast<uint64_t>(page_size)));
+  }
 
   // What the kernel writes must not race with itself or with what it reads.
   const TensorArg* reads[8] = {&q, &k, &v, &a.positions, &a.slots};
@@ -226,7 +233,7 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
     // 16 bytes at a time, where the base, the row stride and the sin half
     // all start on 16-byte boundaries.
     const TensorArg& c = a.cos_sin_cache;
-    const bool on16 = reinterpret_cast<uintptr_t>(c.data) % 16 == 0 && (p.cache_stride * c.itemsize) % 16 == 0 &&
+    const bool on16 = reinterpret_cast<uintptr_t>(c.data) % 16 == 0 && c.byte_stride(0) % 16 == 0 &&
                       (a.rot() / 2 * c.itemsize) % 16 == 0;
     p.cache_vector = on16 ? 1 : 0;
   } else {
@@ -248,7 +255,7 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   const auto aligned = [&](const TensorArg& t, int64_t bytes) {
     if (reinterpret_cast<uintptr_t>(t.data) % bytes != 0) return false;
     for (int d = 0; d + 1 < t.ndim; ++d)
-      if (t.size(d) > 1 && (t.stride(d) * t.itemsize) % bytes != 0) return false;
+      if (t.byte_stride(d) % bytes != 0) return false;
     return true;
   };
   for (const TensorArg* t : {&a.q, &a.k, &a.v, &q_rot, &k_rot}) vec = vec && aligned(*t, vector_bytes);

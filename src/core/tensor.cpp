@@ -2,28 +2,40 @@
 
 namespace attnprep::core {
 
+namespace {
+
+// DType, in its order, as torch prints it.
+constexpr const char* kDTypeNames[] = {
+    "torch.float16", "torch.bfloat16", "torch.float32", "torch.float64",
+    "torch.float8_e4m3fn", "torch.float8_e5m2",
+    "torch.int8", "torch.uint8", "torch.int16", "torch.int32", "torch.int64", "torch.bool",
+    "torch.complex64", "torch.complex128",
+    "torch.uint16", "torch.uint32", "torch.uint64", "torch.complex32",
+    "torch.float8_e4m3fnuz", "torch.float8_e5m2fnuz", "torch.float8_e8m0fnu", "torch.float4_e2m1fn_x2",
+    "torch.int1", "torch.int2", "torch.int3", "torch.int4", "torch.int5", "torch.int6", "torch.int7",
+    "torch.uint1", "torch.uint2", "torch.uint3", "torch.uint4", "torch.uint5", "torch.uint6", "torch.uint7",
+    "torch.bits1x8", "torch.bits2x4", "torch.bits4x2", "torch.bits8", "torch.bits16",
+    "torch.qint8", "torch.quint8", "torch.qint32", "torch.quint4x2", "torch.quint2x4",
+};
+static_assert(sizeof(kDTypeNames) / sizeof(kDTypeNames[0]) == static_cast<size_t>(DType::Other),
+              "a name for every DType but Other");
+
+}  // namespace
+
 const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::Float16: return "torch.float16";
-    case DType::BFloat16: return "torch.bfloat16";
-    case DType::Float32: return "torch.float32";
-    case DType::Float64: return "torch.float64";
-    case DType::Float8E4M3FN: return "torch.float8_e4m3fn";
-    case DType::Float8E5M2: return "torch.float8_e5m2";
-    case DType::Int8: return "torch.int8";
-    case DType::UInt8: return "torch.uint8";
-    case DType::Int16: return "torch.int16";
-    case DType::Int32: return "torch.int32";
-    case DType::Int64: return "torch.int64";
-    case DType::Bool: return "torch.bool";
-    case DType::Complex64: return "torch.complex64";
-    case DType::Complex128: return "torch.complex128";
-    case DType::Other: break;
-  }
-  return "unknown dtype";
+  const auto i = static_cast<size_t>(dtype);
+  return i < static_cast<size_t>(DType::Other) ? kDTypeNames[i] : "unknown dtype";
+}
+
+DType dtype_from_name(const std::string& name) {
+  for (size_t i = 0; i < static_cast<size_t>(DType::Other); ++i)
+    if (name == kDTypeNames[i]) return static_cast<DType>(i);
+  return DType::Other;
 }
 
 int64_t TensorArg::numel() const {
+  for (int d = 0; d < ndim; ++d)
+    if (size(d) == 0) return 0;  // before any product: an empty tensor's other sizes may multiply past int64
   int64_t n = 1;
   for (int d = 0; d < ndim; ++d) n *= size(d);
   return n;
@@ -53,6 +65,16 @@ bool TensorArg::has_shape(std::initializer_list<int64_t> dims) const {
   int d = 0;
   for (int64_t s : dims)
     if (shape[d++] != s) return false;
+  return true;
+}
+
+bool fits_int64_bytes(std::initializer_list<int64_t> sizes, int64_t itemsize) {
+  int64_t bytes = itemsize;
+  for (int64_t s : sizes) {
+    const int64_t m = s > 1 ? s : 1;
+    if (bytes > INT64_MAX / m) return false;
+    bytes *= m;
+  }
   return true;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 namespace attnprep::core {
@@ -17,18 +18,30 @@ struct Device {
   bool operator!=(const Device& o) const { return !(*this == o); }
 };
 
-// The dtypes torch can hand over through DLPack. `Other` covers anything we
-// can still copy bit for bit (the byte size is kept separately).
+// Every dtype of torch a tensor argument can have, so that a message names it
+// as torch does and two different ones never compare equal (torch.int4 and
+// torch.int8 are both 8-bit integers to DLPack). `Other`: one newer than this
+// build; its byte size is kept separately and it prints as "unknown dtype".
 enum class DType : int32_t {
   Float16, BFloat16, Float32, Float64,
   Float8E4M3FN, Float8E5M2,
   Int8, UInt8, Int16, Int32, Int64, Bool,
   Complex64, Complex128,
+  // no op computes with these; pack_qkv_destination_major copies them
+  UInt16, UInt32, UInt64, Complex32,
+  Float8E4M3FNUZ, Float8E5M2FNUZ, Float8E8M0FNU, Float4E2M1FNx2,
+  Int1, Int2, Int3, Int4, Int5, Int6, Int7,
+  UInt1, UInt2, UInt3, UInt4, UInt5, UInt6, UInt7,
+  // torch cannot export these through DLPack: only fake tensors reach the checks with them
+  Bits1x8, Bits2x4, Bits4x2, Bits8, Bits16,
+  QInt8, QUInt8, QInt32, QUInt4x2, QUInt2x4,
   Other,
 };
 
 // How torch prints the dtype: "torch.float64". Used in error messages.
 const char* dtype_name(DType dtype);
+// The dtype torch prints as `name` ("torch.float64"); Other for none.
+DType dtype_from_name(const std::string& name);
 
 constexpr int kMaxDims = 8;
 
@@ -51,6 +64,11 @@ struct TensorArg {
   // rank must never index past the arrays.
   int64_t size(int d) const { return at(shape, d); }
   int64_t stride(int d) const { return at(strides, d); }
+  // Bytes from one index of dimension d to the next; 0 where d has at most
+  // one index or the tensor no elements: such a stride never meets an index
+  // but 0, torch lets it be any value (2^62 after an as_strided), and the
+  // plans must not multiply it out.
+  int64_t byte_stride(int d) const { return size(d) > 1 && numel() > 0 ? stride(d) * itemsize : 0; }
   int64_t numel() const;
   bool is_contiguous() const;       // torch's rule: size-1 dims may have any stride
   bool same_shape(const TensorArg& o) const;
@@ -62,6 +80,12 @@ struct TensorArg {
     return i >= 0 && i < ndim && i < kMaxDims ? a[i] : 0;
   }
 };
+
+// Whether a contiguous tensor of these sizes (each >= 0) and element size
+// spans at most 2^63 - 1 bytes, a size of 0 counted as 1: what torch needs to
+// give an output strides and a storage size. Outputs of expanded (stride 0)
+// or empty inputs can fail it.
+bool fits_int64_bytes(std::initializer_list<int64_t> sizes, int64_t itemsize);
 
 // Renders a shape as torch prints it: "torch.Size([4, 8, 64])".
 std::string shape_str(const TensorArg& t);

@@ -12,6 +12,8 @@ void check_usp_merge_heads(const TensorArg& x, int64_t out_shape[5]) {
   require(x.device.type == DeviceType::CUDA, "usp_merge_heads expects a CUDA tensor");
   if (x.dtype != DType::Float16 && x.dtype != DType::BFloat16 && x.dtype != DType::Float32)
     throw ValueError(std::string("Unsupported usp_merge_heads dtype: ") + dtype_name(x.dtype));
+  require(fits_int64_bytes({x.size(0), x.size(1), x.size(2), x.size(3), x.size(4)}, x.itemsize),
+          "x is too large: the output would exceed 2^63 - 1 bytes");
   out_shape[0] = x.size(2);
   out_shape[1] = x.size(1);
   out_shape[2] = x.size(0);
@@ -26,7 +28,7 @@ StridedCopyPlan plan_usp_merge_heads(const TensorArg& x, const TensorArg& out) {
   job.dst = out.data;
   // output coordinates (b, s, w, h) -> x[w, s, b, h]
   const int64_t dims[kCopyDims] = {x.size(2), x.size(1), x.size(0), x.size(3)};
-  const int64_t src_stride[kCopyDims] = {x.stride(2) * es, x.stride(1) * es, x.stride(0) * es, x.stride(3) * es};
+  const int64_t src_stride[kCopyDims] = {x.byte_stride(2), x.byte_stride(1), x.byte_stride(0), x.byte_stride(3)};
   const int64_t row = x.size(4) * es;
   const int64_t dst_stride[kCopyDims] = {x.size(1) * x.size(0) * x.size(3) * row, x.size(0) * x.size(3) * row,
                                          x.size(3) * row, row};
@@ -36,7 +38,7 @@ StridedCopyPlan plan_usp_merge_heads(const TensorArg& x, const TensorArg& out) {
     job.dst_stride[d] = dst_stride[d];
   }
   job.row_bytes = row;
-  job.src_elem_stride = x.stride(4) * es;
+  job.src_elem_stride = x.size(4) > 1 ? x.byte_stride(4) : es;
   job.itemsize = static_cast<int32_t>(es);
   return plan_strided_copy(&job, 1);
 }

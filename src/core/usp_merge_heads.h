@@ -7,7 +7,8 @@
 
 namespace attnprep::core {
 
-// Raises ValueError unless x is a 5-D CUDA float16/bfloat16/float32 tensor.
+// Raises ValueError unless x is a 5-D CUDA float16/bfloat16/float32 tensor
+// whose output fits in int64 bytes.
 // Fills `out_shape` with [B, S, W, h_local, D].
 void check_usp_merge_heads(const TensorArg& x, int64_t out_shape[5]);
 

@@ -37,7 +37,7 @@ StridedCopyPlan plan_wire_view(const TensorArg& x, const void* plain_base, bool 
   const int64_t es = x.itemsize, row = x.size(3) * es;
   const int64_t n = x.size(2), b = x.size(1);
   CopyJob job;
-  const int64_t view_stride[kCopyDims] = {0, x.stride(0) * es, x.stride(1) * es, x.stride(2) * es};
+  const int64_t view_stride[kCopyDims] = {0, x.byte_stride(0), x.byte_stride(1), x.byte_stride(2)};
   const int64_t plain_stride[kCopyDims] = {0, b * n * row, n * row, row};
   const int64_t dims[kCopyDims] = {1, x.size(0), b, n};
   for (int d = 0; d < kCopyDims; ++d) {
@@ -48,7 +48,7 @@ StridedCopyPlan plan_wire_view(const TensorArg& x, const void* plain_base, bool 
   job.src = to_plain ? x.data : plain_base;
   job.dst = to_plain ? const_cast<void*>(plain_base) : x.data;
   job.row_bytes = row;
-  job.src_elem_stride = to_plain ? x.stride(3) * es : es;
+  job.src_elem_stride = to_plain && x.size(3) > 1 ? x.byte_stride(3) : es;
   job.itemsize = static_cast<int32_t>(es);
   return plan_strided_copy(&job, 1);
 }

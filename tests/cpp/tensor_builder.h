@@ -17,13 +17,13 @@ using attnprep::core::DeviceType;
 using attnprep::core::DType;
 using attnprep::core::TensorArg;
 
-inline int itemsize_of(DType d) {
+inline int itemsize_of(DType d) {  // torch's element_size()
   switch (d) {
-    case DType::Float8E4M3FN: case DType::Float8E5M2: case DType::Int8: case DType::UInt8: case DType::Bool:
-      return 1;
-    case DType::Float16: case DType::BFloat16: case DType::Int16: return 2;
-    case DType::Float32: case DType::Int32: return 4;
-    default: return 8;
+    case DType::Float16: case DType::BFloat16: case DType::Int16: case DType::UInt16: case DType::Bits16: return 2;
+    case DType::Float32: case DType::Int32: case DType::UInt32: case DType::Complex32: case DType::QInt32: return 4;
+    case DType::Float64: case DType::Int64: case DType::UInt64: case DType::Complex64: case DType::Other: return 8;
+    case DType::Complex128: return 16;
+    default: return 1;  // the 8-bit, packed and sub-byte ones
   }
 }
 
@@ -39,7 +39,8 @@ inline TensorArg make(std::initializer_list<int64_t> shape, DType dtype = DType:
   int64_t expected = 1;
   for (int i = t.ndim - 1; i >= 0; --i) {
     t.strides[i] = expected;
-    expected *= t.shape[i];
+    // past int64 (huge dimensions of an empty tensor) the outer strides are 0, as expand makes them
+    expected = t.shape[i] > 0 && expected > INT64_MAX / t.shape[i] ? 0 : expected * t.shape[i];
   }
   d = 0;
   for (int64_t s : strides) t.strides[d++] = s;

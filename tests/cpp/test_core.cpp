@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "check.h"
+#include "core/errors.h"
 #include "core/fast_divmod.h"
 #include "cpu/float_bits.h"
 #include "core/tensor.h"
@@ -24,6 +25,17 @@ TEST_CASE("dtype_name renders like torch") {
   CHECK_EQ(std::string(dtype_name(DType::Float64)), std::string("torch.float64"));
   CHECK_EQ(std::string(dtype_name(DType::BFloat16)), std::string("torch.bfloat16"));
   CHECK_EQ(std::string(dtype_name(DType::Float8E4M3FN)), std::string("torch.float8_e4m3fn"));
+  CHECK_EQ(std::string(dtype_name(DType::UInt16)), std::string("torch.uint16"));
+  CHECK_EQ(std::string(dtype_name(DType::Int4)), std::string("torch.int4"));
+  CHECK_EQ(std::string(dtype_name(DType::Float4E2M1FNx2)), std::string("torch.float4_e2m1fn_x2"));
+  CHECK_EQ(std::string(dtype_name(DType::QUInt2x4)), std::string("torch.quint2x4"));
+  CHECK_EQ(std::string(dtype_name(DType::Other)), std::string("unknown dtype"));
+  // every name reads back as its dtype, and no two dtypes share one
+  for (int i = 0; i < static_cast<int>(DType::Other); ++i) {
+    const DType d = static_cast<DType>(i);
+    CHECK(dtype_from_name(dtype_name(d)) == d);
+  }
+  CHECK(dtype_from_name("torch.float128") == DType::Other);
 }
 
 TEST_CASE("is_contiguous follows torch") {
@@ -31,6 +43,39 @@ TEST_CASE("is_contiguous follows torch") {
   CHECK(!test::make({2, 3, 4}, DType::Float32, {}, {12, 1, 3}).is_contiguous());
   CHECK(test::make({2, 1, 4}, DType::Float32, {}, {4, 99, 1}).is_contiguous());  // size-1 dim
   CHECK(test::make({2, 0, 4}, DType::Float32, {}, {7, 5, 3}).is_contiguous());   // empty
+}
+
+TEST_CASE("sizes of empty, expanded and as_strided tensors: no product past int64") {
+  // numel: an empty tensor's other sizes may multiply past int64 (torch allows [0, 2^62, 2^62])
+  CHECK_EQ(test::make({0, int64_t{1} << 62, int64_t{1} << 62}, DType::Float32, {}, {0, 0, 0}).numel(), int64_t{0});
+  // byte_stride: 0 on a dimension of one index or in an empty tensor, whatever the stride
+  const TensorArg t = test::make({1, 3, 4}, DType::Float32, {}, {int64_t{1} << 62, 4, 1});
+  CHECK_EQ(t.byte_stride(0), int64_t{0});
+  CHECK_EQ(t.byte_stride(1), int64_t{16});
+  CHECK_EQ(test::make({3, 0}, DType::Float32, {}, {int64_t{1} << 62, 1}).byte_stride(0), int64_t{0});
+  // fits_int64_bytes: a size of 0 counts as 1
+  CHECK(fits_int64_bytes({int64_t{1} << 60, 1}, 4));
+  CHECK(!fits_int64_bytes({int64_t{1} << 61, 1}, 4));  // 2^63 bytes
+  CHECK(fits_int64_bytes({0, int64_t{1} << 60}, 4));
+  CHECK(!fits_int64_bytes({0, int64_t{1} << 62}, 2));
+  CHECK(!fits_int64_bytes({INT64_MAX, INT64_MAX}, 1));
+  CHECK(fits_int64_bytes({}, 8));
+}
+
+TEST_CASE("product_str: the exact decimal product of two counts, past 64 bits too") {
+  CHECK_EQ(product_str(0, 12345), std::string("0"));
+  CHECK_EQ(product_str(7, 6), std::string("42"));
+  CHECK_EQ(product_str(uint64_t{1} << 32, 1), std::string("4294967296"));
+  CHECK_EQ(product_str(1000000000, 1000000000), std::string("1000000000000000000"));
+  CHECK_EQ(product_str(uint64_t{1} << 62, uint64_t{1} << 62), std::string("21267647932558653966460912964485513216"));
+  CHECK_EQ(product_str(UINT64_MAX, UINT64_MAX), std::string("340282366920938463426481119284349108225"));
+  // against 64-bit arithmetic where it fits
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 10000; ++i) {
+    const uint64_t a = rng() >> (rng() % 64), b = rng() >> (rng() % 64);
+    if (b != 0 && a > UINT64_MAX / b) continue;
+    CHECK_EQ(product_str(a, b), std::to_string(a * b));
+  }
 }
 
 TEST_CASE("FastDivmod equals integer division below 2^31") {

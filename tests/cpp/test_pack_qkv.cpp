@@ -1,4 +1,4 @@
-// pack_qkv_destination_major: the seven documented checks in order, with every
+// pack_qkv_destination_major: the eight documented checks in order, with every
 // case CI cannot build from real tensors (two CUDA devices, mixed dtypes on
 // CUDA), and the copy plan executed on the host against the CPU reference.
 #include <cstring>
@@ -86,6 +86,26 @@ TEST_CASE("check 6: out") {
   CHECK_THROWS_MSG(ValueError, with_out(q, make({2, 4, 4, 192}, DType::BFloat16, cuda1), 2), kOut);
   CHECK_THROWS_MSG(ValueError, with_out(q, make({2, 4, 4, 192}, DType::BFloat16, cpu), 2), kOut);
   CHECK_THROWS_MSG(ValueError, with_out(q, make({2, 4, 4, 192}, DType::BFloat16, cuda0, {1, 2, 8, 32}), 2), kOut);
+}
+
+TEST_CASE("check 8: an output past 2^63 - 1 bytes (empty or expanded inputs); with out, check 6") {
+  const char* too_large = "q, k, and v are too large: the output would exceed 2^63 - 1 bytes";
+  const TensorArg empty = make({0, 1, int64_t{1} << 62});  // 3 * head_size past int64
+  const TensorArg expanded = make({int64_t{1} << 56, 4, 8}, DType::Float32, cuda0, {0, 8, 1});
+  for (const TensorArg& q : {empty, expanded}) {
+    const PackQkvShape s = check_pack_qkv_inputs(q, q, q, 1);
+    CHECK_THROWS_MSG(ValueError, check_pack_qkv_output_size(s), too_large);
+    for (int d = 0; d < 4; ++d) CHECK_EQ(s.out_shape[d], int64_t{-1});  // no tensor has it
+    CHECK_THROWS_MSG(ValueError, with_out(q, make({1, 1, 1, 24}, q.dtype), 1), kOut);
+  }
+  // an expanded pack that fits (6 * 2^55 elements of 2 bytes), and an empty one past it (3 * 2^61 of 2 bytes)
+  check_pack_qkv_output_size(check_pack_qkv_inputs(make({int64_t{1} << 55, 1, 2}, DType::BFloat16, cuda0, {0, 0, 1}),
+                                                    make({int64_t{1} << 55, 1, 2}, DType::BFloat16, cuda0, {0, 0, 1}),
+                                                    make({int64_t{1} << 55, 1, 2}, DType::BFloat16, cuda0, {0, 0, 1}),
+                                                    1));
+  const TensorArg big_empty = make({0, 1, int64_t{1} << 61});
+  CHECK_THROWS_MSG(ValueError, check_pack_qkv_output_size(check_pack_qkv_inputs(big_empty, big_empty, big_empty, 1)),
+                   too_large);
 }
 
 namespace {

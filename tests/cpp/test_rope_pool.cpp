@@ -111,6 +111,13 @@ TEST_CASE("library checks: one device, CUDA or MPS, dtype, dims, indices, stride
 TEST_CASE("checks 23-28: kernel limits and memory overlap, after every earlier check") {
   REJECTS(a.q = make({4, 70000, 64}, DType::BFloat16, cuda0, {0, 0, 1}); a.num_qo_heads = 70000,
           "rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got 70002");
+  // empty tensors of 2^62 heads each: the sum, 2^63, is past int64 and still printed exactly
+  REJECTS(a.q = make({0, int64_t{1} << 62, 64}); a.k = a.v = make({0, int64_t{1} << 62, 64});
+          a.positions = make({0}, DType::Int64); a.slots = make({0}, DType::Int32);
+          a.k_pool = a.v_pool = make({16, int64_t{1} << 62, 64}, DType::BFloat16, cuda0, {0, 0, 1});
+          a.v_pool.data = static_cast<char*>(a.v_pool.data) + 1;
+          a.num_qo_heads = a.num_kv_heads = int64_t{1} << 62,
+          "rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got 9223372036854775808");
   REJECTS(a.v_pool = a.k_pool, "k_pool and v_pool must not overlap each other or themselves");
   REJECTS(a.k_pool = make({16, 2, 64}, DType::BFloat16, cuda0, {0, 64, 1}),
           "k_pool and v_pool must not overlap each other or themselves");

@@ -32,6 +32,11 @@ TEST_CASE("checks: 5-D, CUDA, dtype") {
   CHECK_THROWS_MSG(ValueError, check(make({2, 3, 1, 4, 8}, DType::Int32)),
                    "Unsupported usp_merge_heads dtype: torch.int32");
   for (DType d : {DType::Float16, DType::BFloat16, DType::Float32}) check(make({2, 3, 1, 4, 8}, d));
+  // an expanded x whose output would pass 2^63 - 1 bytes (2^62 float32s); 2^61 bfloat16s fit
+  CHECK_THROWS_MSG(ValueError, check(make({int64_t{1} << 31, int64_t{1} << 31, 1, 1, 1}, DType::Float32, cuda0,
+                                          {0, 0, 1, 1, 1})),
+                   "x is too large: the output would exceed 2^63 - 1 bytes");
+  check(make({int64_t{1} << 31, int64_t{1} << 30, 1, 1, 1}, DType::BFloat16, cuda0, {0, 0, 1, 1, 1}));
   int64_t shape[5];
   check_usp_merge_heads(make({2, 3, 5, 4, 8}), shape);
   CHECK(shape[0] == 5 && shape[1] == 3 && shape[2] == 2 && shape[3] == 4 && shape[4] == 8);

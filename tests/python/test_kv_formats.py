@@ -284,6 +284,14 @@ def test_paged_and_fp8_messages():
            k_scale=lambda: torch.ones(1, 2, device="cuda"), v_scale=lambda: torch.ones((), device="cuda"))
 
 
+def test_slot_count_of_a_huge_empty_pool_is_exact():
+    """Check 25's count is pages * page_size exactly, past 64 bits too (an HND pool of no heads)."""
+    pool = lambda: torch.empty(1 << 40, 0, 1 << 40, 64, device="cuda")  # noqa: E731
+    empty = lambda: torch.empty(4, 0, 64, device="cuda")  # noqa: E731
+    expect(ValueError, f"rope_pool_fused supports paged pools of fewer than 2^32 slots, got {1 << 80}",
+           k_pool=pool, v_pool=pool, kv_layout="HND", k=empty, v=empty, num_kv_heads=0)
+
+
 def test_argument_types_on_the_direct_path():
     """Arguments are converted before any check (so on a CPU machine too)."""
     a = (torch.randn(4, 8, 64), torch.randn(4, 2, 64), torch.randn(4, 2, 64), torch.arange(4), torch.arange(4),

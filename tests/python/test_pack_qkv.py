@@ -40,6 +40,7 @@ MSG_UNIT = "q, k, and v must be contiguous in head_size"
 MSG_WORLD = "world_size must be positive and divide global_heads"
 MSG_OUT = "out must be a contiguous tensor with the expected shape, device, and dtype"
 MSG_OVERLAP = "out must not overlap q, k, or v"
+MSG_TOO_LARGE = "q, k, and v are too large: the output would exceed 2^63 - 1 bytes"
 
 
 def raises(msg, *args, **kwargs):
@@ -56,6 +57,72 @@ def test_messages_reachable_on_cpu():
     raises(MSG_SHAPE, q.unsqueeze(0), q.unsqueeze(0), q.unsqueeze(0), 2)
     raises(MSG_CUDA, q, q, q, 2)
     raises(MSG_CUDA, q, q, q, 0)  # device is checked before world_size
+
+
+def test_outputs_past_int64_bytes_are_refused():
+    """Check 8, on fake CUDA tensors (no GPU needed): empty and expanded inputs whose output torch
+    could not describe; with `out` given, check 6 refuses every out instead."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        empty = torch.empty(0, 1, 1 << 62, device="cuda", dtype=torch.bfloat16)  # 3 * head_size past int64
+        expanded = torch.empty(1, 4, 8, device="cuda").expand(1 << 56, 4, 8)  # 2^56 * 4 * 24 * 4 bytes
+        for q in (empty, expanded):
+            raises(MSG_TOO_LARGE, q, q, q, 1)
+            raises(MSG_OUT, q, q, q, 1, out=torch.empty(1, 1, 1, 24, device="cuda", dtype=q.dtype))
+        fits = torch.empty(0, 1, 1 << 40, device="cuda", dtype=torch.bfloat16)  # 3 * 2^40 * 2 bytes: allowed
+        assert pack(fits, fits, fits, 1).shape == (1, 0, 1, 3 << 40)
+
+
+TORCH_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+
+
+def exportable(dtype):
+    """Whether torch hands a tensor of `dtype` over through DLPack (not the quantized and bits ones)."""
+    try:
+        torch.empty(1, dtype=dtype).__dlpack__()
+        return True
+    except (RuntimeError, BufferError):
+        return False
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
+def test_every_torch_dtype_is_read_as_torch_names_it(dtype):
+    """Both imports see each dtype as torch prints it, so messages name it and two dtypes never pass
+    for one (DLPack alone calls torch.int4 an 8-bit integer); torch's own error where it cannot export."""
+    x = torch.empty(2, 3, dtype=dtype)
+    assert attnprep._C._imported_dtype(torch.empty(2, 3, dtype=dtype, device="meta"), True) == str(dtype)
+    if exportable(dtype):
+        assert attnprep._C._imported_dtype(x, False) == str(dtype)
+    else:
+        with pytest.raises((RuntimeError, BufferError), match="not supported by dlpack"):
+            attnprep._C._imported_dtype(x, False)
+
+
+def test_every_torch_dtype_through_the_fallback_import_path():
+    code = (
+        "import torch, attnprep\n"
+        "assert attnprep.build_info()['dlpack_path'] == 'dlpack-fallback'\n"
+        "for name in %r:\n"
+        "    got = attnprep._C._imported_dtype(torch.empty(2, 3, dtype=getattr(torch, name[6:])), False)\n"
+        "    assert got == name, (got, name)\n"
+    ) % ([str(d) for d in TORCH_DTYPES if exportable(d)],)
+    env = dict(os.environ, ATTNPREP_DISABLE_EXCHANGE_API="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_dtype_messages_name_every_dtype():
+    """On fake CUDA tensors (no GPU needed): the messages that print a dtype, with dtypes that used
+    to print as 'unknown dtype', and two dtypes DLPack describes alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        for dtype in (torch.uint16, torch.int4, torch.float8_e8m0fnu, torch.complex32, torch.float4_e2m1fn_x2):
+            with pytest.raises(ValueError) as e:
+                attnprep.usp_merge_heads(torch.empty(2, 3, 1, 4, 8, device="cuda", dtype=dtype))
+            assert str(e.value) == f"Unsupported usp_merge_heads dtype: {dtype}"
+        q = torch.empty(4, 2, 8, device="cuda", dtype=torch.int8)
+        raises(MSG_SAME, q, q.to(torch.int4), q, 1)
 
 
 def test_messages_through_the_fallback_import_path():
@@ -167,6 +234,18 @@ def test_any_element_size_is_copied(dtype):
     x = torch.randint(0, 100, (17, 12, 10), device="cuda").to(dtype)
     q, k, v = x, x.flip(0), x.roll(3, 1)
     assert same_bits(pack(q, k, v, 4), reference(q, k, v, 4))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [d for d in TORCH_DTYPES if exportable(d)], ids=str)
+def test_every_exportable_dtype_is_copied_and_kept(dtype):
+    """torch.int4 and torch.float4_e2m1fn_x2 included: the output has q's dtype (not DLPack's 8-bit
+    integer) and its bytes are the pack of q's, k's and v's bytes."""
+    es = torch.empty(0, dtype=dtype).element_size()
+    raw = [torch.randint(0, 256, (17, 12, 10 * es), device="cuda", dtype=torch.uint8) for _ in range(3)]
+    out = pack(*(t.view(dtype) for t in raw), 4)
+    assert out.dtype == dtype and out.shape == (4, 17, 3, 30)
+    assert torch.equal(out.view(torch.uint8), reference(*raw, 4))
 
 
 @requires_cuda

@@ -23,6 +23,16 @@ def test_messages_reachable_on_cpu():
     raises("usp_merge_heads expects a CUDA tensor", torch.randn(2, 3, 1, 4, 8))
 
 
+def test_outputs_past_int64_bytes_are_refused():
+    """Check 4 on fake CUDA tensors (no GPU needed): an expanded x of 2^62 elements."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        one = torch.empty(1, 1, 1, 1, 1, device="cuda")
+        raises("x is too large: the output would exceed 2^63 - 1 bytes", one.expand(1 << 31, 1 << 31, 1, 1, 1))
+        assert usp_merge_heads(one.expand(1 << 20, 1 << 20, 1, 1, 1)).shape == (1, 1 << 20, 1 << 20, 1, 1)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.float8_e4m3fn, torch.int8], ids=str)
 def test_unsupported_dtype(dtype):
