@@ -77,6 +77,14 @@ def _check_geometry(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
 INFERENCE_ONLY = "ulysses: the layer is inference-only; q, k and v must not require grad (use torch.no_grad())"
 
 
+def _unit_head_dim(*ts: Tensor) -> Tuple[Tensor, ...]:
+    """Each tensor, copied to a contiguous one where its head_dim is not
+    unit-stride: the pack kernels (and the copy engine's 2-D copies) read
+    whole head_dim rows, and a refusal after the agreement would leave the
+    other ranks waiting in the exchange."""
+    return tuple(t if t.stride(-1) == 1 else t.clone(memory_format=torch.contiguous_format) for t in ts)
+
+
 def _check_local(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
     _check_geometry(q, k, v, world)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -397,6 +405,7 @@ def scatter_heads(q: Tensor, k: Tensor, v: Tensor, group=None, async_op: bool = 
         _check_local(q, k, v, world)
         _wire_code(wire_dtype)
     heads, kv, dim = q.shape[1], k.shape[1], q.shape[2]
+    q, k, v = _unit_head_dim(q, k, v)
     if wire_dtype is None:
         work, recv = _exchange(_pack(q, k, v, world), group, world, async_op)
         finish = lambda: _unpack(recv, heads, kv, dim, world)  # noqa: E731
@@ -595,6 +604,7 @@ def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, val
         chunks = _local_chunks(q.shape[1], k.shape[1], world, chunks)
         _wire_code(wire_dtype, chunks)
         _transport_code(transport, q, wire_dtype)
+    q, k, v = _unit_head_dim(q, k, v)
     rows, heads, dim = q.shape
     kv = k.shape[1]
     over_peers = transport == "copy_engine" and world > 1  # one rank has nothing to send

@@ -269,6 +269,31 @@ def test_validation_inside_a_capture_is_refused_before_any_collective():
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=requires_cuda)])
+@pytest.mark.parametrize("heads,kv", [(8, 8), (8, 2)])
+def test_head_dim_of_any_stride(heads, kv, backend):
+    """q, k, v whose head_dim is not unit-stride (every other element of a wider buffer): the layer
+    copies them first, so every path gives the contiguous inputs' result; on CUDA the pack kernels
+    used to refuse them on that rank alone, after the agreement, with the other ranks in the exchange."""
+    if backend == "nccl" and not dist.is_nccl_available():
+        pytest.skip("no NCCL")
+    device = "cuda" if backend == "nccl" else "cpu"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            **(dict(device_id=torch.device("cuda", torch.cuda.current_device()))
+                               if backend == "nccl" else {}))
+    try:
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        strided = [torch.randn(33, n, 128, device=device, dtype=dtype)[..., ::2] for n in (heads, kv, kv)]
+        plain = [t.contiguous() for t in strided]
+        assert strided[0].stride(-1) == 2
+        for kw in (dict(), dict(chunks=2), dict(wire_dtype=torch.float8_e4m3fn)):
+            assert torch.equal(ulysses.ulysses_attention(*strided, **kw), ulysses.ulysses_attention(*plain, **kw))
+        for got, want in zip(ulysses.scatter_heads(*strided), ulysses.scatter_heads(*plain)):
+            assert torch.equal(got, want)
+    finally:
+        dist.destroy_process_group()
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("heads,kv", [(8, 8), (8, 2), (8, 1)])
