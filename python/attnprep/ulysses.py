@@ -34,6 +34,7 @@ usp_merge_heads and other dtypes (float64, say) with torch's permute.
 
 from __future__ import annotations
 
+import zlib
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -98,8 +99,11 @@ _FIELDS = ("rows", "q heads", "kv heads", "head_dim", "dtype", "chunks", "wire_d
 _WIRE = {None: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 _TRANSPORTS = {"nccl": 0, "copy_engine": 1}
 _MESSAGE_BYTES = 240
-_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
-           torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
+# A dtype as the agreement sends it: the CRC-32 of its name, the same in
+# every process (and every torch release), and distinct for each of torch's
+# dtypes (tests/python/test_ulysses.py), so that ranks with different dtypes
+# never agree.
+_DTYPE_CODES = {zlib.crc32(str(d).encode()): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
 # chunks="auto" over NCCL: on two H200s (bench/README.md) splitting the
@@ -159,7 +163,7 @@ def _transport_code(transport, q: Tensor, wire_dtype) -> int:
 
 
 def _dtype_code(dtype) -> int:
-    return _DTYPES.index(dtype) + 1 if dtype in _DTYPES else 0
+    return zlib.crc32(str(dtype).encode())
 
 
 def _describe(fields: Tuple[str, ...], local: Callable[[], list]) -> Tensor:
@@ -179,7 +183,7 @@ def _describe(fields: Tuple[str, ...], local: Callable[[], list]) -> Tensor:
 
 def _shown(field: str, x: int):
     if field == "dtype":
-        return _DTYPES[x - 1] if x else "another dtype"
+        return _DTYPE_CODES.get(x, "another dtype")
     if field == "wire_dtype":
         return next(d for d, c in _WIRE.items() if c == x)
     if field == "transport":

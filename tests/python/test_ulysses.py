@@ -98,6 +98,8 @@ def _bad_input_worker(rank, world, device, case):
         dim = 16
     if case == "dtype" and rank == 1:
         dtype = torch.float32
+    if case == "other dtypes":  # neither is a dtype attention usually runs in: they used to agree
+        dtype = torch.complex64 if rank == 1 else torch.complex128
     if case == "local" and rank == 1:
         heads = 4 * world + 1  # does not divide the world size
     if case == "not a tensor" and rank == 0:
@@ -119,6 +121,7 @@ BAD_INPUTS = {
     "heads": ("ValueError", "ulysses: every rank must pass the same q heads, got {}"),
     "head_dim": ("ValueError", "ulysses: every rank must pass the same head_dim, got {}"),
     "dtype": ("ValueError", "ulysses: every rank must pass the same dtype, got {}"),
+    "other dtypes": ("ValueError", "ulysses: every rank must pass the same dtype, got {}"),
     "local": ("ValueError", "ulysses: rank 1: ulysses: world_size must divide the number of q heads"),
     "not a tensor": ("TypeError", "ulysses: rank 0: q must be a torch.Tensor, got NoneType"),
     "grad": ("ValueError", "ulysses: rank 0: " + ulysses.INFERENCE_ONLY),
@@ -131,7 +134,15 @@ def _field_values(case, world):
         return [4 * world] * (world - 1) + [8 * world]
     if case == "head_dim":
         return [8 if r != 1 else 16 for r in range(world)]
+    if case == "other dtypes":
+        return ["torch.complex128" if r != 1 else "torch.complex64" for r in range(world)]
     return ["torch.float64" if r != 1 else "torch.float32" for r in range(world)]
+
+
+def test_every_dtype_has_its_own_agreement_code():
+    dtypes = {d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+    assert len(ulysses._DTYPE_CODES) == len(dtypes)
+    assert all(ulysses._DTYPE_CODES[ulysses._dtype_code(d)] is d for d in dtypes)
 
 
 @pytest.mark.parametrize("world", [2, 3])
