@@ -120,6 +120,12 @@ void check_ulysses_geometry(const TensorArg& q, const TensorArg& k, const Tensor
   require(q.device == k.device && q.device == v.device, "ulysses: q, k and v must be on one device");
   require(q.dtype == k.dtype && q.dtype == v.dtype && q.itemsize == k.itemsize && q.itemsize == v.itemsize,
           "ulysses: q, k and v must have one dtype");
+  // The send buffer, world * rows * (local q + 2 local kv heads) * head_dim,
+  // is the largest the layer allocates (the output is world * rows * local q).
+  const int64_t local_q = q.size(1) / world_size, local_kv = kv >= world_size ? kv / world_size : 1;
+  require(local_kv <= (INT64_MAX - local_q) / 2 &&
+              fits_int64_bytes({world_size, q.size(0), local_q + 2 * local_kv, q.size(2)}, q.itemsize),
+          "ulysses: q, k and v are too large: the exchange buffers would exceed 2^63 - 1 bytes");
 }
 
 void check_ulysses_chunks(int64_t local_q, int64_t local_kv, bool kv_split, int64_t chunks) {

@@ -443,6 +443,54 @@ TEST_CASE("pack_qkv_destination_major: random arguments pass or raise a document
   CHECK(passed > kRounds / 10 && rejected > kRounds / 2);
 }
 
+// The Ulysses layer's local geometry checks (docs/contract.md, 1-6) and its
+// grouped pack's own (internal: the layer passes CUDA tensors of unit-stride
+// head_dim, and a chunk count it checked).
+bool ulysses_message(const std::string& m) {
+  for (const char* e : {"ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, head_dim]",
+                        "ulysses: world_size must divide the number of q heads",
+                        "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size",
+                        "ulysses: q, k and v must be on one device", "ulysses: q, k and v must have one dtype",
+                        "ulysses: q, k and v are too large: the exchange buffers would exceed 2^63 - 1 bytes",
+                        "ulysses: q, k and v must be on one CUDA device",
+                        "ulysses: q, k and v must be contiguous in head_dim",
+                        "ulysses: chunks must be positive and divide each rank's q heads (and its kv heads when they "
+                        "are split)"})
+    if (m == e) return true;
+  return false;
+}
+
+TEST_CASE("Ulysses grouped pack: random arguments pass or raise a documented message") {
+  Rng r(1205);
+  int passed = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    const DType dt = r.dtype();
+    const int64_t world = r.of<int64_t>({1, 2, 4}), kv = r.of<int64_t>({1, 2, 4, 8}), rows = r.of<int64_t>({0, 1, 5});
+    const int64_t heads = std::max(world, kv) * r.of<int64_t>({1, 2}), D = r.of<int64_t>({1, 8, 64});
+    TensorArg q = make({rows, heads, D}, dt), k = make({rows, kv, D}, dt), v = make({rows, kv, D}, dt);
+    int64_t w = world, chunks = 1;
+    const int changes = round % 4 == 0 ? 0 : 1 + static_cast<int>(r.below(3));
+    for (int c = 0; c < changes; ++c) {
+      const uint64_t pick = r.below(5);
+      if (pick == 3) w = r.chance(50) ? r.size() : -r.size();
+      else if (pick == 4) chunks = r.chance(50) ? r.of<int64_t>({2, 3, 4}) : -r.size();
+      else mutate(r, *(pick == 0 ? &q : pick == 1 ? &k : &v), {&q, &k, &v});
+    }
+    try {
+      const PackGqaShape s = check_pack_qkv_gqa(q, k, v, w, chunks);
+      ++passed;
+      for (int d = 0; d < 4; ++d) CHECK(s.out_shape[d] >= 0);
+      const TensorArg out = make({s.out_shape[0], s.out_shape[1], s.out_shape[2], s.out_shape[3]}, q.dtype);
+      if (out.numel() > 0 && q.has_address && k.has_address && v.has_address)
+        CHECK(plan_pack_qkv_gqa(s, q, k, v, out).njobs == 3);
+    } catch (const ValueError& e) {
+      if (changes == 0 || !ulysses_message(e.what()))
+        test::fail(__FILE__, __LINE__, std::string("round ") + std::to_string(round) + ": '" + e.what() + "'");
+    }
+  }
+  CHECK(passed > kRounds / 4);
+}
+
 TEST_CASE("usp_merge_heads: random arguments pass or raise a documented message") {
   Rng r(4);
   int passed = 0;

@@ -216,8 +216,7 @@ def test_gather_heads_local_checks_without_validation():
     with pytest.raises(TypeError) as e:
         ulysses._gather_local([1], 2, None)
     assert str(e.value) == "out must be a torch.Tensor, got list"
-    assert ulysses._gather_local(torch.randn(6, 2, 8), 2, None) == [3, 2, 8, ulysses._DTYPES.index(torch.float32) + 1,
-                                                                      0]
+    assert ulysses._gather_local(torch.randn(6, 2, 8), 2, None) == [3, 2, 8, ulysses._dtype_code(torch.float32), 0]
 
 
 def test_geometry_errors():
@@ -232,6 +231,19 @@ def test_geometry_errors():
     with pytest.raises(ValueError) as e:
         ulysses._check_geometry(q, q, q, 4)
     assert str(e.value) == "ulysses: world_size must divide the number of q heads"
+
+
+def test_exchange_buffers_past_int64_bytes_are_refused_by_the_local_checks():
+    """Expanded (and empty) inputs whose send buffer would pass 2^63 - 1 bytes fail a local check, so
+    every rank fails alike, instead of the pack failing on one rank after the agreement."""
+    too_large = "ulysses: q, k and v are too large: the exchange buffers would exceed 2^63 - 1 bytes"
+    q1, kv1 = torch.empty(1, 8, 64), torch.empty(1, 2, 64)
+    for q, k, world in [(q1.expand(1 << 52, 8, 64), kv1.expand(1 << 52, 2, 64), 2),  # 2^52 * 2 * (4 + 2) * 64 * 4
+                        (torch.empty(0, 8, 1 << 58), torch.empty(0, 1, 1 << 58), 8)]:  # empty, head_dim 2^58
+        with pytest.raises(ValueError) as e:
+            ulysses._check_geometry(q, k, k, world)
+        assert str(e.value) == too_large
+    ulysses._check_geometry(q1.expand(1 << 40, 8, 64), kv1.expand(1 << 40, 2, 64), kv1.expand(1 << 40, 2, 64), 2)
 
 
 @requires_cuda
