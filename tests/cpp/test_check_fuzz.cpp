@@ -6,8 +6,9 @@
 // is in `legalize`), extreme values included: empty tensors of huge
 // dimensions, expanded (stride 0) dimensions, any stride on a size-1
 // dimension, tensors without an address. Built with
-// -fsanitize=address,undefined (tools/README.md) the same cases also show
-// any overflow or out-of-bounds read in the checks.
+// -fsanitize=address,undefined (tools/host_sanitize.sh) the same cases also
+// show any overflow or out-of-bounds read in the checks. (GCC and Clang: the
+// model of torch's tensors uses their overflow builtins and __int128.)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -75,7 +76,7 @@ void legalize(TensorArg& t) {
   }
   bool empty = false;
   for (int d = 0; d < t.ndim; ++d) {
-    if (t.shape[d] < 0) t.shape[d] = -t.shape[d] < 0 ? 0 : -t.shape[d];
+    if (t.shape[d] < 0) t.shape[d] = 0;
     if (t.strides[d] < 0) t.strides[d] = t.strides[d] == std::numeric_limits<int64_t>::min() ? 0 : -t.strides[d];
     empty = empty || t.shape[d] == 0;
   }
