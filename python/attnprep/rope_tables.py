@@ -215,6 +215,16 @@ def rope_cos_sin_cache(head_dim: int, max_position: int, base: float, *, rotary_
     inv, attention = rope_inv_freq(head_dim, base, rotary_dim=rotary_dim, scaling=scaling,
                                    max_position_embeddings=max_position_embeddings,
                                    seq_len=max_position if seq_len is None else seq_len)
-    angle = torch.arange(max_position, dtype=torch.float32)[:, None] * inv.float()[None, :]
+    # Values each within range can still make the table non-finite (a base of
+    # 1e-300: inv_freq past float32, and 0 * inf at position 0; yarn's mscale
+    # of 1e308: an attention factor past float32): the largest angle, formed
+    # as the table forms it, and the attention factor in float32 (as the
+    # table multiplies by it) must be finite; so is then every entry.
+    inv = inv.float()
+    last = torch.tensor(float(max_position - 1), dtype=torch.float32) * inv.max()
+    if not (bool(torch.isfinite(last)) and bool(torch.isfinite(torch.tensor(attention, dtype=torch.float32)))):
+        raise ValueError(f"rope_cos_sin_cache: the table would not be finite in float32 (position "
+                         f"{max_position - 1} * inv_freq {float(inv.max())!r}, attention factor {attention!r})")
+    angle = torch.arange(max_position, dtype=torch.float32)[:, None] * inv[None, :]
     table = torch.cat([angle.cos() * attention, angle.sin() * attention], dim=1)
     return table.to(dtype=dtype, device=device)

@@ -2,6 +2,7 @@
 model runs), where transformers is importable, and against fixtures written
 from it (make_rope_fixtures.py) everywhere; then the table in the kernel."""
 
+import math
 import os
 
 import pytest
@@ -120,6 +121,28 @@ def test_values_the_formulas_cannot_take(base, kwargs, msg):
     with pytest.raises(ValueError) as e:
         attnprep.rope_cos_sin_cache(128, 16, base, **kwargs)
     assert str(e.value) == msg
+
+
+def not_finite(inv, attention=1.0):
+    return (f"rope_cos_sin_cache: the table would not be finite in float32 (position 15 * inv_freq {inv!r}, "
+            f"attention factor {attention!r})")
+
+
+# Values each in range whose table still overflows float32 (the model's own code returns inf or NaN there).
+@pytest.mark.parametrize("base, kwargs, msg", [
+    (1e-300, {}, not_finite(math.inf)),
+    (10000.0, dict(scaling={"rope_type": "linear", "factor": 1e-300}), not_finite(math.inf)),
+    (10000.0, dict(scaling={**YARN, "mscale": 1e308, "mscale_all_dim": 1.0}), None),
+])
+def test_tables_past_float32_are_refused(base, kwargs, msg):
+    with pytest.raises(ValueError) as e:
+        attnprep.rope_cos_sin_cache(128, 16, base, **kwargs)
+    if msg is None:  # yarn's attention factor, (0.1 * 1e308 * ln 4 + 1) / (0.1 * ln 4 + 1), is past float32
+        inv, attention = attnprep.rope_tables.rope_inv_freq(128, base, scaling=kwargs["scaling"])
+        msg = not_finite(float(inv.max()), attention)
+    assert str(e.value) == msg
+    # the largest finite table still builds: base 1e-30 (inv_freq up to about 1e29, angles up to 1.4e30)
+    assert torch.isfinite(attnprep.rope_cos_sin_cache(128, 16, 1e-30)).all()
 
 
 @pytest.mark.parametrize("kwargs, name, kind", [
