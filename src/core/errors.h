@@ -44,9 +44,9 @@ inline std::string product_str(uint64_t a, uint64_t b) {
   std::string s;
   bool leading = true;
   for (int k = 5; k >= 0; --k) {
+    if (leading && limb[k] == 0 && k > 0) continue;  // no leading zero limbs
     char buf[16];
     std::snprintf(buf, sizeof buf, leading ? "%llu" : "%09llu", static_cast<unsigned long long>(limb[k]));
-    if (leading && limb[k] == 0 && k > 0) continue;
     s += buf;
     leading = false;
   }

@@ -18,6 +18,11 @@ int64_t pool_heads(const TensorArg& p, KvLayout layout) {
   return p.ndim == 3 ? p.size(1) : layout == KvLayout::NHD ? p.size(2) : p.size(1);
 }
 
+// Slots per page of a paged pool (checked: 4-D), by layout.
+int64_t pool_page_size(const TensorArg& p, KvLayout layout) {
+  return layout == KvLayout::NHD ? p.size(1) : p.size(2);
+}
+
 }  // namespace
 
 KvLayout parse_kv_layout(const std::string& name) {
@@ -29,7 +34,7 @@ KvLayout parse_kv_layout(const std::string& name) {
 PoolGeometry pool_geometry(const TensorArg& pool, KvLayout layout) {
   if (pool.ndim == 3) return {pool.size(0), 1, pool.stride(0), 0, pool.stride(1)};
   const bool nhd = layout == KvLayout::NHD;
-  const int64_t page_size = nhd ? pool.size(1) : pool.size(2);
+  const int64_t page_size = pool_page_size(pool, layout);
   return {pool.size(0) * page_size, page_size, pool.stride(0), nhd ? pool.stride(1) : pool.stride(2),
           nhd ? pool.stride(2) : pool.stride(1)};
 }
@@ -106,8 +111,7 @@ void check_rope_pool(const RopePoolArgs& a) {
     throw ValueError("rope_pool_fused supports fewer than 2^31 tokens, got " + std::to_string(T));
   if (a.k_pool.ndim == 4) {
     // an HND pool with no heads can have pages * page_size past int64
-    const int64_t pages = a.k_pool.size(0), page_size = a.kv_layout == KvLayout::NHD ? a.k_pool.size(1)
-                                                                                     : a.k_pool.size(2);
+    const int64_t pages = a.k_pool.size(0), page_size = pool_page_size(a.k_pool, a.kv_layout);
     if (page_size > 0 && pages > kRopeMaxPagedSlots / page_size)
       throw ValueError("rope_pool_fused supports paged pools of fewer than 2^32 slots, got " +
                        product_str(static_cast<uint64_t>(pages), static_cast<uint64_t>(page_size)));
