@@ -9,6 +9,9 @@ checks the metadata and gives the output's.
 
 from __future__ import annotations
 
+import math
+import operator
+
 import torch
 
 _is_compiling = torch.compiler.is_compiling
@@ -31,3 +34,53 @@ def direct(*tensors) -> bool:
             # extension's TypeError.
             return False
     return True
+
+
+# The extension's readings of the non-tensor arguments
+# (src/bindings/tensor_import.cpp: int_arg, float_arg, bool_arg), for calls
+# that go through the dispatcher. Its schema would otherwise see the raw value
+# first: a bool passes for an int there, a str gets torch's RuntimeError
+# rather than the documented TypeError, and an int past int64 cannot be
+# carried. Values torch traces symbolically pass through untouched.
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def tensor_arg(x, name: str, optional: bool = False):
+    if not (isinstance(x, _Tensor) or (optional and x is None)):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def int_arg(x, op: str, name: str, past_int64=None):
+    """An int (anything with ``__index__`` but a bool); outside int64 it becomes
+    ``past_int64`` when given, else saturates, for the op's range check."""
+    if isinstance(x, _SYMBOLIC):
+        return x
+    if isinstance(x, bool) or not hasattr(type(x), "__index__"):
+        raise TypeError(f"{op}: {name} must be an int, got {type(x).__name__}")
+    x = operator.index(x)
+    if -2**63 <= x < 2**63:
+        return x
+    if past_int64 is not None:
+        return past_int64
+    return 2**63 - 1 if x > 0 else -2**63
+
+
+def float_arg(x, op: str, name: str):
+    """A float or an int (not a bool); an int past float's range is infinite."""
+    if isinstance(x, _SYMBOLIC):
+        return x
+    if isinstance(x, bool) or not (isinstance(x, float) or hasattr(type(x), "__index__")):
+        raise TypeError(f"{op}: {name} must be a number, got {type(x).__name__}")
+    try:
+        return float(x if isinstance(x, float) else operator.index(x))
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
+def bool_arg(x, op: str, name: str):
+    if isinstance(x, _SYMBOLIC):
+        return x
+    if not isinstance(x, bool):
+        raise TypeError(f"{op}: {name} must be a bool, got {type(x).__name__}")
+    return x

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from . import _C, _ops  # noqa: F401  (_ops registers torch.ops.attnprep.*)
-from ._dispatch import direct
+from ._dispatch import direct, int_arg, tensor_arg
 
 
 def pack_qkv_destination_major(
@@ -31,6 +31,10 @@ def pack_qkv_destination_major(
     """
     if direct(q, k, v, out):
         return _C.pack_qkv_destination_major(q, k, v, world_size, out)
+    # as the extension reads them (past int64: 0, which check 5 refuses)
+    q, k, v = tensor_arg(q, "q"), tensor_arg(k, "k"), tensor_arg(v, "v")
+    world_size = int_arg(world_size, "pack_qkv_destination_major", "world_size", past_int64=0)
+    out = tensor_arg(out, "out", optional=True)
     if out is None:
         return torch.ops.attnprep.pack_qkv_destination_major(q, k, v, world_size)
     torch.ops.attnprep.pack_qkv_destination_major_out(q, k, v, world_size, out)

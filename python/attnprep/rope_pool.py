@@ -7,9 +7,10 @@ from typing import Optional, Tuple
 import torch
 
 from . import _C, _ops
-from ._dispatch import direct
+from ._dispatch import bool_arg, direct, float_arg, int_arg, tensor_arg
 
 Tensor = torch.Tensor
+_OP = "rope_pool_fused"
 
 
 def rope_pool_fused(
@@ -85,9 +86,41 @@ def rope_pool_fused(
             return out
         # MPS tensors: on to their registered kernel, which validates; the
         # host check, when asked for, has run
-        args = args[:-1] + (False,)
+        check = False
+    args, inplace = _read_args(*args[:-1], inplace=inplace)
+    args += (check,)
     if inplace:
         torch.ops.attnprep.rope_pool_fused_inplace(*args)
         return q, k, k_pool, v_pool
     q_rot, k_rot = torch.ops.attnprep.rope_pool_fused(*args)
     return q_rot, k_rot, k_pool, v_pool
+
+
+def _read_args(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim,
+               is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, q_norm_weight, k_norm_weight, norm_eps,
+               norm_weight_offset, *, inplace):
+    """The arguments (and ``inplace``) as the extension reads them, in its
+    order, for the calls that go through torch's dispatcher (``_dispatch``:
+    its schema would see the raw values first)."""
+    q, k, v = tensor_arg(q, "q"), tensor_arg(k, "k"), tensor_arg(v, "v")
+    positions, slots = tensor_arg(positions, "positions"), tensor_arg(slots, "slots")
+    k_pool, v_pool = tensor_arg(k_pool, "k_pool"), tensor_arg(v_pool, "v_pool")
+    head_dim = int_arg(head_dim, _OP, "head_dim")
+    num_qo_heads = int_arg(num_qo_heads, _OP, "num_qo_heads")
+    num_kv_heads = int_arg(num_kv_heads, _OP, "num_kv_heads")
+    rope_base = float_arg(rope_base, _OP, "rope_base")
+    rotary_dim = None if rotary_dim is None else int_arg(rotary_dim, _OP, "rotary_dim")
+    is_neox = bool_arg(is_neox, _OP, "is_neox")
+    cos_sin_cache = tensor_arg(cos_sin_cache, "cos_sin_cache", optional=True)
+    inplace = bool_arg(inplace, _OP, "inplace")
+    k_scale = tensor_arg(k_scale, "k_scale", optional=True)
+    v_scale = tensor_arg(v_scale, "v_scale", optional=True)
+    if not isinstance(kv_layout, str):
+        raise TypeError(f"{_OP}: kv_layout must be a str, got {type(kv_layout).__name__}")
+    q_norm_weight = tensor_arg(q_norm_weight, "q_norm_weight", optional=True)
+    k_norm_weight = tensor_arg(k_norm_weight, "k_norm_weight", optional=True)
+    norm_eps = float_arg(norm_eps, _OP, "norm_eps")
+    norm_weight_offset = float_arg(norm_weight_offset, _OP, "norm_weight_offset")
+    return (q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim,
+            is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, q_norm_weight, k_norm_weight, norm_eps,
+            norm_weight_offset), inplace

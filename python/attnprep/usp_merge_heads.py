@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import _C, _ops  # noqa: F401  (_ops registers torch.ops.attnprep.*)
-from ._dispatch import direct
+from ._dispatch import direct, tensor_arg
 
 
 def usp_merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -17,4 +17,4 @@ def usp_merge_heads(x: torch.Tensor) -> torch.Tensor:
     """
     if direct(x):
         return _C.usp_merge_heads(x)
-    return torch.ops.attnprep.usp_merge_heads(x)
+    return torch.ops.attnprep.usp_merge_heads(tensor_arg(x, "x"))

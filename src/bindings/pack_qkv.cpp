@@ -15,40 +15,44 @@ namespace attnprep::bindings {
 namespace {
 
 constexpr const char* kOp = "pack_qkv_destination_major";
-constexpr const char* kWorldMessage = "world_size must be positive and divide global_heads";
 // Whether packs of 16-byte rows take the flat path (core::PackFlatPlan); off
 // only in benchmarks that time it against the engine in one process.
 bool g_pack_flat = true;
 
-// q, k, v imported (`import`: with their addresses, or metadata alone) and
-// checks 1-5 run on them.
+// Every argument read (`import`: tensors with their addresses, or metadata
+// alone), so a wrong type or layout is refused before the checks, and checks
+// 1-5 run on q, k, v.
 struct Inputs {
-  ImportedTensor q, k, v;
+  ImportedTensor q, k, v, out;
+  bool has_out = false;
   core::PackQkvShape shape;
 };
 Inputs import_inputs(ImportedTensor (*import)(nb::handle, const char*), nb::handle q, nb::handle k, nb::handle v,
-                     nb::handle world_size) {
-  Inputs in{import(q, "q"), import(k, "k"), import(v, "v"), {}};
-  const int64_t world = int_arg(world_size, kOp, "world_size", kWorldMessage);
+                     nb::handle world_size, nb::handle out) {
+  Inputs in{import(q, "q"), import(k, "k"), import(v, "v"), {}, false, {}};
+  // past int64 either way: 0, which check 5 refuses after checks 1-4
+  const int64_t world = int_arg(world_size, kOp, "world_size", 0);
+  in.has_out = !out.is_none();
+  if (in.has_out) in.out = import(out, "out");
   in.shape = core::check_pack_qkv_inputs(in.q.arg, in.k.arg, in.v.arg, world);
   return in;
 }
 
 nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, nb::handle world_size,
                                       nb::handle out) {
-  const Inputs in = import_inputs(import_tensor, q, k, v, world_size);
+  const Inputs in = import_inputs(import_tensor, q, k, v, world_size, out);
   const ImportedTensor &tq = in.q, &tk = in.k, &tv = in.v;
   const core::PackQkvShape& shape = in.shape;
 
   nb::object result;
   core::TensorArg dst;
-  if (out.is_none()) {
+  if (!in.has_out) {
     core::check_pack_qkv_output_size(shape);
     NewTensor n = new_tensor_like(q, tq, shape.out_shape, 4);
     result = std::move(n.tensor);
     dst = n.arg;
   } else {
-    dst = import_tensor(out, "out").arg;
+    dst = in.out.arg;
     core::check_pack_qkv_out(shape, tq.arg, tk.arg, tv.arg, dst);
     result = nb::borrow(out);
   }
@@ -68,9 +72,9 @@ nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, 
 // torch.compile, meta tensors), and the output shape.
 std::vector<int64_t> pack_qkv_meta(nb::handle q, nb::handle k, nb::handle v, nb::handle world_size,
                                    nb::handle out) {
-  const Inputs in = import_inputs(import_metadata, q, k, v, world_size);
-  if (!out.is_none())
-    core::check_pack_qkv_out(in.shape, in.q.arg, in.k.arg, in.v.arg, import_metadata(out, "out").arg);
+  const Inputs in = import_inputs(import_metadata, q, k, v, world_size, out);
+  if (in.has_out)
+    core::check_pack_qkv_out(in.shape, in.q.arg, in.k.arg, in.v.arg, in.out.arg);
   else
     core::check_pack_qkv_output_size(in.shape);
   return {in.shape.out_shape, in.shape.out_shape + 4};

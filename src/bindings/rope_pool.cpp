@@ -54,7 +54,8 @@ bool import_optional(Import import, nb::handle obj, const char* name, ImportedTe
   return true;
 }
 
-// Imports every argument; check_rope_pool(in.args) validates them.
+// Imports every argument, in the signature's order (the first of the wrong
+// type names itself); check_rope_pool(in.args) validates them.
 Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
                      nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
                      nb::handle cos_sin_cache, const KvFormat& kv, const QkNorm& nm) {
@@ -74,7 +75,6 @@ Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb
   a.slots = in.slots.arg;
   a.k_pool = in.k_pool.arg;
   a.v_pool = in.v_pool.arg;
-  a.has_cache = import_optional(import, cos_sin_cache, "cos_sin_cache", in.cache, a.cos_sin_cache);
   a.head_dim = int_arg(sc.head_dim, kOp, "head_dim");
   a.num_qo_heads = int_arg(sc.num_qo_heads, kOp, "num_qo_heads");
   a.num_kv_heads = int_arg(sc.num_kv_heads, kOp, "num_kv_heads");
@@ -82,6 +82,7 @@ Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb
   a.has_rotary_dim = !sc.rotary_dim.is_none();
   if (a.has_rotary_dim) a.rotary_dim = int_arg(sc.rotary_dim, kOp, "rotary_dim");
   a.is_neox = bool_arg(sc.is_neox, kOp, "is_neox");
+  a.has_cache = import_optional(import, cos_sin_cache, "cos_sin_cache", in.cache, a.cos_sin_cache);
   a.inplace = bool_arg(sc.inplace, kOp, "inplace");
   a.has_k_scale = import_optional(import, kv.k_scale, "k_scale", in.k_scale, a.k_scale);
   a.has_v_scale = import_optional(import, kv.v_scale, "v_scale", in.v_scale, a.v_scale);

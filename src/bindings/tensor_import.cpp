@@ -287,15 +287,14 @@ ImportedTensor import_tensor(nb::handle obj, const char* what) {
   return described(std::move(out), obj, t, what);
 }
 
-int64_t int_arg(nb::handle obj, const char* op, const char* name, const char* out_of_range) {
+int64_t int_arg(nb::handle obj, const char* op, const char* name, std::optional<int64_t> past_int64) {
   if (PyBool_Check(obj.ptr()) || !PyIndex_Check(obj.ptr()))
     throw nb::type_error((std::string(op) + ": " + name + " must be an int, got " + py_type_name(obj)).c_str());
   nb::object index = nb::steal(PyNumber_Index(obj.ptr()));
   if (!index) throw nb::python_error();
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-  if (overflow != 0 && out_of_range != nullptr) throw core::ValueError(out_of_range);
-  if (overflow != 0) return overflow > 0 ? INT64_MAX : INT64_MIN;
+  if (overflow != 0) return past_int64 ? *past_int64 : overflow > 0 ? INT64_MAX : INT64_MIN;
   if (v == -1 && PyErr_Occurred()) throw nb::python_error();
   return static_cast<int64_t>(v);
 }

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -44,9 +45,9 @@ ImportedTensor import_metadata(nb::handle obj, const char* what);
 
 // `obj` as a Python int (anything with __index__, bool excluded). TypeError
 // "{op}: {name} must be an int, got {type}" otherwise. A value outside int64
-// raises ValueError(out_of_range) when given, else saturates (the op's range
-// checks then reject it with their own message).
-int64_t int_arg(nb::handle obj, const char* op, const char* name, const char* out_of_range = nullptr);
+// becomes `past_int64` when given, else saturates; either way the op's range
+// check rejects it with its own message, in its turn among the checks.
+int64_t int_arg(nb::handle obj, const char* op, const char* name, std::optional<int64_t> past_int64 = std::nullopt);
 // `obj` as a number (int or float). TypeError "{op}: {name} must be a number, got {type}".
 double float_arg(nb::handle obj, const char* op, const char* name);
 // `obj` as a bool. TypeError "{op}: {name} must be a bool, got {type}".

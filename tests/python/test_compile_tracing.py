@@ -144,3 +144,81 @@ def test_meta_tensors_get_the_device_message():
            torch.empty(2, 3, 1, 4, 8, device="meta"))
     expect(ValueError, "rope_pool_fused expects CUDA or MPS tensors", attnprep.rope_pool_fused,
            *rope_args("meta"), **ROPE_KW)
+
+
+# ---------------------------------------------------------------- argument types on every path
+
+def _pack_call(device, **bad):
+    q = torch.randn(4, 8, 16, device=device)
+    a = dict(q=q, k=q, v=q, world_size=2)
+    a.update(bad)
+    return lambda: attnprep.pack_qkv_destination_major(**a)
+
+
+def _rope_call(device, **bad):
+    q, k, v, positions, slots, k_pool, v_pool = rope_args(device)
+    a = dict(q=q, k=k, v=v, positions=positions, slots=slots, k_pool=k_pool, v_pool=v_pool, **ROPE_KW)
+    a.update(bad)
+    return lambda: attnprep.rope_pool_fused(**a)
+
+
+RP = "rope_pool_fused"
+# (call, the wrong arguments, the TypeError every path raises): the first wrong
+# argument in the extension's reading order names itself
+WRONG_TYPES = [
+    (_pack_call, dict(world_size="2"), "pack_qkv_destination_major: world_size must be an int, got str"),
+    (_pack_call, dict(world_size=True), "pack_qkv_destination_major: world_size must be an int, got bool"),
+    (_pack_call, dict(world_size=2.0), "pack_qkv_destination_major: world_size must be an int, got float"),
+    (_pack_call, dict(out=[0]), "out must be a torch.Tensor, got list"),
+    (_pack_call, dict(v=None, world_size="2"), "v must be a torch.Tensor, got NoneType"),
+    (_rope_call, dict(head_dim="64"), f"{RP}: head_dim must be an int, got str"),
+    (_rope_call, dict(num_qo_heads=8.0), f"{RP}: num_qo_heads must be an int, got float"),
+    (_rope_call, dict(num_kv_heads=True), f"{RP}: num_kv_heads must be an int, got bool"),
+    (_rope_call, dict(rope_base="1e4"), f"{RP}: rope_base must be a number, got str"),
+    (_rope_call, dict(rope_base=False), f"{RP}: rope_base must be a number, got bool"),
+    (_rope_call, dict(rotary_dim=32.0), f"{RP}: rotary_dim must be an int, got float"),
+    (_rope_call, dict(is_neox=1), f"{RP}: is_neox must be a bool, got int"),
+    (_rope_call, dict(inplace=None), f"{RP}: inplace must be a bool, got NoneType"),
+    (_rope_call, dict(kv_layout=None), f"{RP}: kv_layout must be a str, got NoneType"),
+    (_rope_call, dict(norm_eps="1e-6"), f"{RP}: norm_eps must be a number, got str"),
+    (_rope_call, dict(norm_weight_offset=None), f"{RP}: norm_weight_offset must be a number, got NoneType"),
+    (_rope_call, dict(k_scale=1.0), "k_scale must be a torch.Tensor, got float"),
+    (_rope_call, dict(slots=[0, 1, 2, 3]), "slots must be a torch.Tensor, got list"),
+    (_rope_call, dict(head_dim="64", cos_sin_cache=[1.0]), f"{RP}: head_dim must be an int, got str"),
+    (_rope_call, dict(cos_sin_cache=[1.0], inplace=None), "cos_sin_cache must be a torch.Tensor, got list"),
+    (_rope_call, dict(kv_layout=0, norm_eps=None, q_norm_weight="w"), f"{RP}: kv_layout must be a str, got int"),
+    (_rope_call, dict(norm_eps=None, q_norm_weight="w"), "q_norm_weight must be a torch.Tensor, got str"),
+]
+
+
+@pytest.mark.parametrize("call, bad, msg", WRONG_TYPES, ids=[str(c[1]) for c in WRONG_TYPES])
+def test_wrong_types_raise_alike_on_every_path(call, bad, msg):
+    """The same TypeError eagerly (the extension reads the arguments), through the dispatcher
+    (FakeTensors: attnprep reads them before torch's schema can) and under torch.compile, where
+    dynamo reports it as its ObservedTypeError; a bool is never taken for an int."""
+    expect(TypeError, msg, call("cpu", **bad))
+    with FakeTensorMode():
+        expect(TypeError, msg, call("cuda", **bad))
+    with pytest.raises(Exception) as e:
+        compiled(lambda: call("cpu", **bad)())()
+    cause = root_cause(e.value)
+    assert (type(cause) is TypeError and str(cause) == msg) or (
+        type(cause).__name__ == "ObservedTypeError" and str(cause) == f"raised exception {TypeError(msg)!r}"), repr(cause)
+
+
+@pytest.mark.parametrize("value", [2**63, 2**70, -2**63 - 1])
+def test_ints_past_int64_fail_their_range_check_in_turn_on_every_path(value):
+    """Eagerly and through the dispatcher alike: the range check of that argument, after the
+    checks before it (on CPU tensors the device check comes first)."""
+    world = "world_size must be positive and divide global_heads"
+    shape = "q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])"
+    rotary = "rope_pool_fused expects an even rotary_dim in [2, head_dim], got "
+    saturated = 2**63 - 1 if value > 0 else -2**63
+    expect(ValueError, "q, k, and v must be CUDA tensors", _pack_call("cpu", world_size=value))
+    expect(ValueError, shape, _rope_call("cpu", head_dim=value))
+    expect(ValueError, "q, k, and v must be CUDA tensors", compiled(lambda: _pack_call("cpu", world_size=value)()))
+    with FakeTensorMode():
+        expect(ValueError, world, _pack_call("cuda", world_size=value))
+        expect(ValueError, shape, _rope_call("cuda", head_dim=value))
+        expect(ValueError, shape, _rope_call("cuda", num_qo_heads=value))
+        expect(ValueError, rotary + str(saturated), _rope_call("cuda", rotary_dim=value))

@@ -166,9 +166,23 @@ def test_world_size_of_the_wrong_type(world_size, kind):
 
 
 def test_world_size_past_int64_and_many_dimensions():
+    """A world_size past int64 fails check 5 in its turn: after the device check, and also where
+    it would divide global_heads (0 heads) or equal it (an expanded q of 2^63 - 1 heads)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     q = torch.randn(4, 8, 16)
-    raises(MSG_WORLD, q, q, q, 2**63)
-    raises(MSG_WORLD, q, q, q, -2**70)
+    for world_size in (2**63, -2**63 - 1, 2**70, -2**70):
+        raises(MSG_CUDA, q, q, q, world_size)
+        raises(MSG_SHAPE, q, q[:, :4], q, world_size)
+    with FakeTensorMode():
+        no_heads = torch.empty(4, 0, 16, device="cuda")
+        most_heads = torch.empty(1, 1, 1, device="cuda").expand(1, 2**63 - 1, 1)
+        for x in (torch.empty(4, 8, 16, device="cuda"), no_heads, most_heads):
+            for world_size in (2**63, 2**64 - 1, 2**70, -2**63 - 1, -2**70):
+                raises(MSG_WORLD, x, x, x, world_size)
+                raises(MSG_WORLD, x, x, x, world_size, out=torch.empty(1, device="cuda"))
+        # the largest int64 divides 0 heads: check 5 passes, and check 8 refuses the output
+        raises(MSG_TOO_LARGE, no_heads, no_heads, no_heads, 2**63 - 1)
     nine = torch.empty([1] * 9)
     raises(MSG_SHAPE, nine, nine, nine, 2)
     raises(MSG_SHAPE, q, q, torch.empty([1] * 12), 2)
