@@ -29,7 +29,12 @@ def _need(kind: str, cfg: dict, key: str):
 
 
 def _is_positive(value) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not isinstance(value, Real) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value) and value > 0
+    except OverflowError:  # an int past float's range: not finite as the formulas use it
+        return False
 
 
 def _positive(name: str, value):
@@ -151,8 +156,10 @@ def _longrope(cfg: dict, base: float, dim: int, seq_len: int,
 
 
 def rope_inv_freq(head_dim: int, base: float, *, rotary_dim: Optional[int] = None, scaling: Optional[dict] = None,
-                  max_position_embeddings: Optional[int] = None, seq_len: int = 0) -> Tuple[Tensor, float]:
-    """(inv_freq ``[rotary_dim / 2]`` float32, attention factor) of a RoPE scheme."""
+                  max_position_embeddings: Optional[int] = None, seq_len: int = 0, max_position: int = 1,
+                  dtype: torch.dtype = torch.float32) -> Tuple[Tensor, float]:
+    """(inv_freq ``[rotary_dim / 2]`` float32, attention factor) of a RoPE scheme,
+    whose ``[max_position, rotary_dim]`` table of ``dtype`` must be describable."""
     if scaling is not None and not isinstance(scaling, Mapping):
         raise ValueError(f"rope_cos_sin_cache: scaling must be a dict or None, got {type(scaling).__name__}")
     cfg = dict(scaling or {})
@@ -160,9 +167,12 @@ def rope_inv_freq(head_dim: int, base: float, *, rotary_dim: Optional[int] = Non
     if kind not in _SCHEMES:
         raise ValueError(f"rope_cos_sin_cache: unknown rope scaling type {kind}")
     partial = _optional(kind, cfg, "partial_rotary_factor")
-    dim = rotary_dim if rotary_dim is not None else int(head_dim * (1.0 if partial is None else partial))
+    dim = rotary_dim if rotary_dim is not None else head_dim if partial is None else int(head_dim * partial)
     if not (isinstance(dim, int) and 2 <= dim <= head_dim and dim % 2 == 0):
         raise ValueError(f"rope_cos_sin_cache: rotary_dim must be even and in [2, head_dim], got {dim}")
+    if max_position * dim * dtype.itemsize > 2**63 - 1:
+        raise ValueError(f"rope_cos_sin_cache: the table would exceed 2^63 - 1 bytes ([max_position, rotary_dim] = "
+                         f"[{max_position}, {dim}] of {dtype})")
     _positive("base", base)
     if kind == "default":
         return _plain(base, dim), 1.0
@@ -214,7 +224,8 @@ def rope_cos_sin_cache(head_dim: int, max_position: int, base: float, *, rotary_
         raise ValueError(f"rope_cos_sin_cache: dtype must be torch.float32 or torch.bfloat16, got {dtype}")
     inv, attention = rope_inv_freq(head_dim, base, rotary_dim=rotary_dim, scaling=scaling,
                                    max_position_embeddings=max_position_embeddings,
-                                   seq_len=max_position if seq_len is None else seq_len)
+                                   seq_len=max_position if seq_len is None else seq_len, max_position=max_position,
+                                   dtype=dtype)
     # Values each within range can still make the table non-finite (a base of
     # 1e-300: inv_freq past float32, and 0 * inf at position 0; yarn's mscale
     # of 1e308: an attention factor past float32): the largest angle, formed

@@ -98,6 +98,8 @@ def positive(name, value):
     (10000.0, dict(scaling={"rope_type": "linear", "factor": -4.0}), positive("linear scaling's factor", -4.0)),
     (10000.0, dict(scaling={"rope_type": "linear", "factor": "4"}), positive("linear scaling's factor", "4")),
     (10000.0, dict(scaling={"partial_rotary_factor": 0.0}), positive("default scaling's partial_rotary_factor", 0.0)),
+    (10**400, {}, positive("base", 10**400)),  # an int past float's range
+    (10000.0, dict(scaling={"rope_type": "linear", "factor": -10**400}), positive("linear scaling's factor", -10**400)),
     (10000.0, dict(scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=0),
      positive("max_position_embeddings", 0)),
     (10000.0, dict(scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=4096, rotary_dim=2),
@@ -143,6 +145,29 @@ def test_tables_past_float32_are_refused(base, kwargs, msg):
     assert str(e.value) == msg
     # the largest finite table still builds: base 1e-30 (inv_freq up to about 1e29, angles up to 1.4e30)
     assert torch.isfinite(attnprep.rope_cos_sin_cache(128, 16, 1e-30)).all()
+
+
+def too_large(max_position, rotary_dim, dtype=torch.float32):
+    return (f"rope_cos_sin_cache: the table would exceed 2^63 - 1 bytes ([max_position, rotary_dim] = "
+            f"[{max_position}, {rotary_dim}] of {dtype})")
+
+
+@pytest.mark.parametrize("head_dim, max_position, kwargs, msg", [
+    (128, 2**56, {}, too_large(2**56, 128)),  # 2^65 bytes
+    (128, 2**70, dict(dtype=torch.bfloat16), too_large(2**70, 128, torch.bfloat16)),
+    (2**70, 1, {}, too_large(1, 2**70)),
+    (2**70, 1, dict(rotary_dim=2**62), too_large(1, 2**62)),
+    (2**70 + 3, 1, dict(scaling={"partial_rotary_factor": 0.5}), too_large(1, 2**69)),
+    (2**70, 1, dict(rotary_dim=2**70 + 1), "rope_cos_sin_cache: rotary_dim must be even and in [2, head_dim], "
+     f"got {2**70 + 1}"),  # the rotary_dim check comes first
+    (2**70, 0, {}, "rope_cos_sin_cache: max_position must be positive, got 0"),
+])
+def test_tables_past_int64_bytes_are_refused(head_dim, max_position, kwargs, msg):
+    """A table no tensor could hold gets its own message (before: an OverflowError or torch's
+    storage-size error from inside the build)."""
+    with pytest.raises(ValueError) as e:
+        attnprep.rope_cos_sin_cache(head_dim, max_position, 10000.0, **kwargs)
+    assert str(e.value) == msg
 
 
 @pytest.mark.parametrize("kwargs, name, kind", [
