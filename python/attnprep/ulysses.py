@@ -95,7 +95,7 @@ def _check_local(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
 # What every rank tells the others before any data moves: its geometry, then
 # the verdict of its local checks (0: passed, 1: ValueError, 2: TypeError)
 # with the message as UTF-8 bytes, one per int64.
-_FIELDS = ("rows", "q heads", "kv heads", "head_dim", "dtype", "chunks", "wire_dtype", "transport")
+_FIELDS = ("rows", "q heads", "kv heads", "head_dim", "dtype", "chunks", "wire_dtype", "transport", "causal")
 _WIRE = {None: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 _TRANSPORTS = {"nccl": 0, "copy_engine": 1}
 _MESSAGE_BYTES = 240
@@ -162,6 +162,17 @@ def _transport_code(transport, q: Tensor, wire_dtype) -> int:
     return _TRANSPORTS[transport]
 
 
+def _causal_code(attn_fn, causal) -> int:
+    """The layer's attention checked on every rank before the exchange (a
+    rank whose attention raised after it would leave the others waiting in
+    the exchange back): attn_fn callable, causal a bool, agreed on."""
+    if attn_fn is not None and not callable(attn_fn):
+        raise TypeError(f"ulysses: attn_fn must be callable or None, got {type(attn_fn).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"ulysses: causal must be a bool, got {type(causal).__name__}")
+    return int(causal)
+
+
 def _dtype_code(dtype) -> int:
     return zlib.crc32(str(dtype).encode())
 
@@ -190,6 +201,8 @@ def _shown(field: str, x: int):
         return next(t for t, c in _TRANSPORTS.items() if c == x)
     if field == "chunks" and x == _AUTO_FIELD:
         return "auto"
+    if field == "causal":
+        return bool(x)
     return x
 
 
@@ -230,19 +243,24 @@ def _agree_on(group, fields: Tuple[str, ...], local: Callable[[], list]) -> list
     return [int(x) for x in every[0][:n]]
 
 
-def _agree(q, k, v, group, chunks=1, wire_dtype=None, transport="nccl") -> int:
-    """The layer's and scatter_heads' agreement; returns the chunk count
-    (_AUTO_FIELD for "auto")."""
+def _layer_fields(q, k, v, world: int, chunks=1, wire_dtype=None, transport="nccl", attn_fn=None,
+                  causal=False) -> list:
+    """The layer's (and scatter_heads') local checks, in order; returns its _FIELDS."""
+    _check_local(q, k, v, world)
+    count = _local_chunks(q.shape[1], k.shape[1], world, chunks)
+    wire = _wire_code(wire_dtype, count)
+    how = _transport_code(transport, q, wire_dtype)
+    attention = _causal_code(attn_fn, causal)
+    return [q.shape[0], q.shape[1], k.shape[1], q.shape[2], _dtype_code(q.dtype), count, wire, how, attention]
+
+
+def _checked_chunks(q, k, v, group, validate: bool, *args) -> int:
+    """The local checks (``validate``: and the agreement) of _layer_fields'
+    arguments after q, k, v; returns the chunk count (_AUTO_FIELD for "auto")."""
     world, _ = _world(group)
-
-    def local():
-        _check_local(q, k, v, world)
-        count = _local_chunks(q.shape[1], k.shape[1], world, chunks)
-        wire = _wire_code(wire_dtype, count)
-        how = _transport_code(transport, q, wire_dtype)
-        return [q.shape[0], q.shape[1], k.shape[1], q.shape[2], _dtype_code(q.dtype), count, wire, how]
-
-    return _agree_on(group, _FIELDS, local)[_FIELDS.index("chunks")]
+    fields = (_agree_on(group, _FIELDS, lambda: _layer_fields(q, k, v, world, *args)) if validate
+              else _layer_fields(q, k, v, world, *args))
+    return fields[_FIELDS.index("chunks")]
 
 
 GATHER_SHAPE = "ulysses: out must be [world_size * rows, local_heads, head_dim]"
@@ -402,12 +420,13 @@ def scatter_heads(q: Tensor, k: Tensor, v: Tensor, group=None, async_op: bool = 
     Returns ``(q, k, v)`` each ``[W * rows, local_heads, D]`` (views of one
     receive buffer), or with ``async_op=True`` an object whose ``wait()``
     returns them, so independent work can overlap the exchange."""
+    _checked_chunks(q, k, v, group, validate, 1, wire_dtype)
+    return _scatter(q, k, v, group, async_op, wire_dtype)
+
+
+def _scatter(q: Tensor, k: Tensor, v: Tensor, group, async_op: bool, wire_dtype):
+    """scatter_heads after its checks."""
     world, _ = _world(group)
-    if validate:
-        _agree(q, k, v, group, 1, wire_dtype)
-    else:
-        _check_local(q, k, v, world)
-        _wire_code(wire_dtype)
     heads, kv, dim = q.shape[1], k.shape[1], q.shape[2]
     q, k, v = _unit_head_dim(q, k, v)
     if wire_dtype is None:
@@ -545,7 +564,7 @@ class UlyssesQKVProjection(torch.nn.Module):
             q, k, v = (torch.empty(max(rows, 0), n, self.head_dim, device="meta",
                                    dtype=x.dtype if isinstance(x, Tensor) else torch.float32, requires_grad=grad)
                        for n in (self.heads, self.kv_heads, self.kv_heads))
-            _agree(q, k, v, self.group)
+            _checked_chunks(q, k, v, self.group, True)
         send = project_destination_major(x, self.weight, self.bias)
         if self.heads == self.kv_heads:
             send = send.view(world, x.shape[0], self.heads // world, 3 * self.head_dim)
@@ -574,13 +593,12 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, attn_fn: Opti
     ``transport="copy_engine"`` moves the bytes with the GPUs' copy engines
     instead of NCCL's kernels (one node, peer access; docs/contract.md).
     Returns ``[rows, H, D]``."""
-    auto = isinstance(chunks, str) and chunks == "auto"
-    if transport == "nccl" and ((type(chunks) is int and chunks == 1) or (auto and AUTO_CHUNKS == 1)):
-        ql, kl, vl = scatter_heads(q, k, v, group, validate=validate, wire_dtype=wire_dtype)
-        out = _checked(attn_fn or sdpa(causal))(ql, kl, vl)
-        return gather_heads(out, group, wire_dtype=wire_dtype, validate=False)  # attn_fn's result is checked
-    return _chunked_attention(q, k, v, group, _checked(attn_fn or sdpa(causal)), validate, chunks, wire_dtype,
-                              transport)
+    chunks = _checked_chunks(q, k, v, group, validate, chunks, wire_dtype, transport, attn_fn, causal)
+    attn = _checked(attn_fn or sdpa(causal))
+    if transport == "nccl" and (chunks == 1 or (chunks == _AUTO_FIELD and AUTO_CHUNKS == 1)):
+        ql, kl, vl = _scatter(q, k, v, group, False, wire_dtype)
+        return gather_heads(attn(ql, kl, vl), group, wire_dtype=wire_dtype, validate=False)  # attn's result is checked
+    return _chunked_attention(q, k, v, group, attn, chunks, transport)
 
 
 def _checked(attn: AttnFn) -> AttnFn:
@@ -598,16 +616,10 @@ def _checked(attn: AttnFn) -> AttnFn:
     return run
 
 
-def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, validate: bool, chunks,
-                       wire_dtype=None, transport: str = "nccl") -> Tensor:
+def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, chunks: int, transport: str) -> Tensor:
+    """The layer with its heads in ``chunks`` (checked: _checked_chunks), or
+    over the copy engines; a wire_dtype never gets here (chunks=1 only)."""
     world, _ = _world(group)
-    if validate:  # a wire_dtype (chunks=1 only) fails here on every rank alike
-        chunks = _agree(q, k, v, group, chunks, wire_dtype, transport)
-    else:
-        _check_local(q, k, v, world)
-        chunks = _local_chunks(q.shape[1], k.shape[1], world, chunks)
-        _wire_code(wire_dtype, chunks)
-        _transport_code(transport, q, wire_dtype)
     q, k, v = _unit_head_dim(q, k, v)
     rows, heads, dim = q.shape
     kv = k.shape[1]

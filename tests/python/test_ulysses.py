@@ -110,8 +110,11 @@ def _bad_input_worker(rank, world, device, case):
     k, v = (torch.randn(3, kv, dim, dtype=dtype) for _ in range(2))
     if case == "sparse" and rank == world - 1:
         v = v.to_sparse()
+    # the attention each rank runs after the exchange: checked before it
+    causal = (rank == 1) if case == "causal" else "yes" if case == "causal type" and rank == 1 else False
+    attn_fn = "sdpa" if case == "attn_fn type" and rank == 0 else None
     try:
-        ulysses.ulysses_attention(q, k, v)
+        ulysses.ulysses_attention(q, k, v, attn_fn=attn_fn, causal=causal)
         return "no error"
     except (ValueError, TypeError) as e:
         return type(e).__name__, str(e)
@@ -126,6 +129,9 @@ BAD_INPUTS = {
     "not a tensor": ("TypeError", "ulysses: rank 0: q must be a torch.Tensor, got NoneType"),
     "grad": ("ValueError", "ulysses: rank 0: " + ulysses.INFERENCE_ONLY),
     "sparse": ("ValueError", "ulysses: rank {last}: v must be a strided tensor, got torch.sparse_coo"),
+    "causal": ("ValueError", "ulysses: every rank must pass the same causal, got {}"),
+    "causal type": ("TypeError", "ulysses: rank 1: ulysses: causal must be a bool, got str"),
+    "attn_fn type": ("TypeError", "ulysses: rank 0: ulysses: attn_fn must be callable or None, got str"),
 }
 
 
@@ -136,6 +142,8 @@ def _field_values(case, world):
         return [8 if r != 1 else 16 for r in range(world)]
     if case == "other dtypes":
         return ["torch.complex128" if r != 1 else "torch.complex64" for r in range(world)]
+    if case == "causal":
+        return [r == 1 for r in range(world)]
     return ["torch.float64" if r != 1 else "torch.float32" for r in range(world)]
 
 
@@ -231,6 +239,23 @@ def test_geometry_errors():
     with pytest.raises(ValueError) as e:
         ulysses._check_geometry(q, q, q, 4)
     assert str(e.value) == "ulysses: world_size must divide the number of q heads"
+
+
+def test_the_layers_attention_arguments_are_local_checks():
+    """attn_fn and causal are checked with the other local checks, after them (validate=False raises
+    them on the rank itself), and causal is part of what the ranks agree on."""
+    q = torch.randn(4, 2, 8)
+    for kwargs, msg in [(dict(attn_fn="sdpa"), "ulysses: attn_fn must be callable or None, got str"),
+                        (dict(causal=None), "ulysses: causal must be a bool, got NoneType"),
+                        (dict(causal=1, attn_fn=ulysses.sdpa()), "ulysses: causal must be a bool, got int"),
+                        (dict(attn_fn=0, causal=0), "ulysses: attn_fn must be callable or None, got int")]:
+        with pytest.raises(TypeError) as e:
+            ulysses._layer_fields(q, q, q, 2, **kwargs)
+        assert str(e.value) == msg
+    with pytest.raises(ValueError) as e:  # a local check before them fails first
+        ulysses._layer_fields(q, q, q, 2, chunks=3, causal=None)
+    assert str(e.value).startswith("ulysses: chunks must be positive")
+    assert ulysses._layer_fields(q, q, q, 2, causal=True)[ulysses._FIELDS.index("causal")] == 1
 
 
 def test_exchange_buffers_past_int64_bytes_are_refused_by_the_local_checks():
