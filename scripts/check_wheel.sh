@@ -26,8 +26,10 @@ else
   torch_req=${ATTNPREP_TORCH:-torch==$($PY -c "import torch; print(torch.__version__.split('+')[0])")}
   "$VPY" -m pip install -q "$torch_req" pytest libclang
 fi
-cp -r tests "$work/tests"
-cp -r src "$work/src"  # the Metal syntax pass reads the kernel source
+# What the tests read beside the package: the kernel source (the Metal
+# syntax pass), the benchmarks' peers and columns, the example model loop,
+# the README's snippets.
+cp -r tests src bench examples README.md "$work/"
 cd "$work"
 "$VPY" -c "import attnprep, torch; print(attnprep.build_info()); print('torch', torch.__version__, 'from', torch.__file__)
 assert attnprep.__file__.startswith('$work/venv/'), attnprep.__file__"

@@ -242,10 +242,12 @@ ImportedTensor import_metadata(nb::handle obj, const char* what) {
 
 namespace {
 // `out` with the description of `obj` that DLPack gave; an 8-bit integer
-// may be torch.int1 ... torch.int7 (uint), so torch names it.
+// may be torch.int1 ... torch.int7 (uint), and a type code this build does
+// not know is a newer torch's dtype, so torch names those.
 ImportedTensor described(ImportedTensor out, nb::handle obj, const dltensor& t, const char* what) {
   out.arg = to_arg(t, what);
-  if (out.arg.dtype == core::DType::Int8 || out.arg.dtype == core::DType::UInt8)
+  if (out.arg.dtype == core::DType::Int8 || out.arg.dtype == core::DType::UInt8 ||
+      out.arg.dtype == core::DType::Other)
     out.arg.dtype = core::dtype_from_name(str_of(obj.attr("dtype")));
   out.dl_dtype = t.dtype;
   out.dl_device = t.device;

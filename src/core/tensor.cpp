@@ -1,5 +1,8 @@
 #include "core/tensor.h"
 
+#include <deque>
+#include <mutex>
+
 namespace attnprep::core {
 
 namespace {
@@ -19,18 +22,41 @@ constexpr const char* kDTypeNames[] = {
 };
 static_assert(sizeof(kDTypeNames) / sizeof(kDTypeNames[0]) == static_cast<size_t>(DType::Other),
               "a name for every DType but Other");
+constexpr size_t kKnown = static_cast<size_t>(DType::Other);
+
+// The names of dtypes newer than this build (a newer torch's), in the order
+// first met: DType values past Other, so each prints as torch names it and
+// no two compare equal. A deque keeps the names where dtype_name returned
+// them. Bounded, although torch has only so many dtypes.
+constexpr size_t kMaxNewer = 1024;
+std::mutex newer_mutex;
+std::deque<std::string>& newer_names() {
+  static std::deque<std::string> names;
+  return names;
+}
 
 }  // namespace
 
 const char* dtype_name(DType dtype) {
   const auto i = static_cast<size_t>(dtype);
-  return i < static_cast<size_t>(DType::Other) ? kDTypeNames[i] : "unknown dtype";
+  if (i < kKnown) return kDTypeNames[i];
+  std::lock_guard<std::mutex> lock(newer_mutex);
+  return i > kKnown && i - kKnown - 1 < newer_names().size() ? newer_names()[i - kKnown - 1].c_str()
+                                                             : "unknown dtype";
 }
 
 DType dtype_from_name(const std::string& name) {
-  for (size_t i = 0; i < static_cast<size_t>(DType::Other); ++i)
+  for (size_t i = 0; i < kKnown; ++i)
     if (name == kDTypeNames[i]) return static_cast<DType>(i);
-  return DType::Other;
+  std::lock_guard<std::mutex> lock(newer_mutex);
+  std::deque<std::string>& names = newer_names();
+  size_t i = 0;
+  while (i < names.size() && names[i] != name) ++i;
+  if (i == names.size()) {
+    if (names.size() == kMaxNewer) return DType::Other;
+    names.push_back(name);
+  }
+  return static_cast<DType>(kKnown + 1 + i);
 }
 
 int64_t TensorArg::numel() const {

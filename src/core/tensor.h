@@ -20,8 +20,10 @@ struct Device {
 
 // Every dtype of torch a tensor argument can have, so that a message names it
 // as torch does and two different ones never compare equal (torch.int4 and
-// torch.int8 are both 8-bit integers to DLPack). `Other`: one newer than this
-// build; its byte size is kept separately and it prints as "unknown dtype".
+// torch.int8 are both 8-bit integers to DLPack). A dtype newer than this
+// build gets a value past `Other` from dtype_from_name (its name, as torch
+// prints it, kept for the process); `Other` is one whose name nobody gave:
+// it prints as "unknown dtype". Byte sizes are kept separately.
 enum class DType : int32_t {
   Float16, BFloat16, Float32, Float64,
   Float8E4M3FN, Float8E5M2,
@@ -40,7 +42,8 @@ enum class DType : int32_t {
 
 // How torch prints the dtype: "torch.float64". Used in error messages.
 const char* dtype_name(DType dtype);
-// The dtype torch prints as `name` ("torch.float64"); Other for none.
+// The dtype torch prints as `name` ("torch.float64"); a name of none above
+// gets a value of its own past Other, the same for every call.
 DType dtype_from_name(const std::string& name);
 
 constexpr int kMaxDims = 8;

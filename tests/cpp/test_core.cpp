@@ -35,7 +35,15 @@ TEST_CASE("dtype_name renders like torch") {
     const DType d = static_cast<DType>(i);
     CHECK(dtype_from_name(dtype_name(d)) == d);
   }
-  CHECK(dtype_from_name("torch.float128") == DType::Other);
+  // a newer torch's dtype: a value of its own past Other, named as torch names it
+  const DType newer = dtype_from_name("torch.float128"), other_newer = dtype_from_name("torch.bcomplex32");
+  CHECK(static_cast<int>(newer) > static_cast<int>(DType::Other));
+  CHECK(newer != other_newer);
+  CHECK(dtype_from_name("torch.float128") == newer);
+  CHECK_EQ(std::string(dtype_name(newer)), std::string("torch.float128"));
+  CHECK_EQ(std::string(dtype_name(other_newer)), std::string("torch.bcomplex32"));
+  CHECK_EQ(std::string(dtype_name(static_cast<DType>(static_cast<int>(other_newer) + 1))),
+           std::string("unknown dtype"));
 }
 
 TEST_CASE("is_contiguous follows torch") {

@@ -60,6 +60,7 @@ def spawn_ranks(worker, world, *args, timeout=180):
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+                p.join()
     return got, [p.exitcode for p in procs]
 
 
@@ -105,4 +106,12 @@ def run_rank(rank, world, port, results, backend, body, *args):
     except Exception as e:
         results.put((rank, repr(e)))
     finally:
+        # The report reaches the parent first, and the ranks meet before the
+        # group is torn down: torch's destroy_process_group now and then hangs
+        # when one rank tears down while another is still inside the group
+        # (seen with gloo on torch 2.4, pytorch/pytorch#75097, whose
+        # maintainers advise the barrier).
+        results.close()
+        results.join_thread()
+        dist.barrier()
         dist.destroy_process_group()

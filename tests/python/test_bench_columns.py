@@ -55,8 +55,13 @@ def on_cpu(monkeypatch):
             return f(*a, **kw)
         return g
 
-    for name in ("randn", "rand", "randint", "randperm", "empty", "zeros", "tensor"):
+    for name in ("randn", "rand", "randint", "randperm", "empty", "tensor"):
         monkeypatch.setattr(torch, name, drop_device(getattr(torch, name)))
+    zeros = torch.zeros
+
+    def zeros_of(*a, dtype=None, device=None, **kw):  # older torch cannot fill fp8 on the CPU: convert
+        return zeros(*a, **kw) if dtype is None else zeros(*a, **kw).to(dtype)
+    monkeypatch.setattr(torch, "zeros", zeros_of)
     generator = torch.Generator
     monkeypatch.setattr(torch, "Generator", lambda device=None: generator())
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **kw: self)

@@ -78,15 +78,20 @@ def test_outputs_past_int64_bytes_are_refused():
 TORCH_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
 
 
-def exportable(dtype):
-    """Whether torch hands a tensor of `dtype` over through DLPack (not the quantized and bits ones)."""
+def dlpack_error(dtype):
+    """torch's own error where it cannot hand a tensor of `dtype` over through DLPack (the quantized
+    and bits dtypes), else None."""
     with warnings.catch_warnings():  # torch's notices on complex32 and the quantized dtypes
         warnings.simplefilter("ignore")
         try:
-            torch.empty(1, dtype=dtype).__dlpack__()
-            return True
-        except (RuntimeError, BufferError):
-            return False
+            torch.empty(2, 3, dtype=dtype).__dlpack__()
+            return None
+        except (RuntimeError, BufferError) as e:
+            return e
+
+
+def exportable(dtype):
+    return dlpack_error(dtype) is None
 
 
 @pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
@@ -95,11 +100,13 @@ def test_every_torch_dtype_is_read_as_torch_names_it(dtype):
     for one (DLPack alone calls torch.int4 an 8-bit integer); torch's own error where it cannot export."""
     x = torch.empty(2, 3, dtype=dtype)
     assert attnprep._C._imported_dtype(torch.empty(2, 3, dtype=dtype, device="meta"), True) == str(dtype)
-    if exportable(dtype):
+    error = dlpack_error(dtype)
+    if error is None:
         assert attnprep._C._imported_dtype(x, False) == str(dtype)
-    else:
-        with pytest.raises((RuntimeError, BufferError), match="not supported by dlpack"):
+    else:  # torch's message (its first line: torch's C++ errors may carry a backtrace below it)
+        with pytest.raises((RuntimeError, BufferError)) as e:
             attnprep._C._imported_dtype(x, False)
+        assert str(e.value).splitlines()[0] == str(error).splitlines()[0]
 
 
 def test_every_torch_dtype_through_the_fallback_import_path():
@@ -119,13 +126,46 @@ def test_dtype_messages_name_every_dtype():
     to print as 'unknown dtype', and two dtypes DLPack describes alike."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    names = ("uint16", "int4", "float8_e8m0fnu", "complex32", "float4_e2m1fn_x2")
+    dtypes = [getattr(torch, n) for n in names if hasattr(torch, n)]  # those of this torch release
+    assert len(dtypes) >= 2
     with FakeTensorMode():
-        for dtype in (torch.uint16, torch.int4, torch.float8_e8m0fnu, torch.complex32, torch.float4_e2m1fn_x2):
+        for dtype in dtypes:
             with pytest.raises(ValueError) as e:
                 attnprep.usp_merge_heads(torch.empty(2, 3, 1, 4, 8, device="cuda", dtype=dtype))
             assert str(e.value) == f"Unsupported usp_merge_heads dtype: {dtype}"
-        q = torch.empty(4, 2, 8, device="cuda", dtype=torch.int8)
-        raises(MSG_SAME, q, q.to(torch.int4), q, 1)
+        if hasattr(torch, "int4"):
+            q = torch.empty(4, 2, 8, device="cuda", dtype=torch.int8)
+            raises(MSG_SAME, q, q.to(torch.int4), q, 1)
+
+
+class NewerTensor:
+    """A tensor's metadata as a newer torch describes one of a dtype this build has never seen
+    (torch 2.14's bcomplex32 under a build against 2.13): what the fake kernels read."""
+
+    def __init__(self, shape, dtype_name, itemsize):
+        self.shape, self.layout, self._itemsize = torch.Size(shape), torch.strided, itemsize
+        self.dtype = type("dtype", (), {"__str__": lambda _: dtype_name})()
+        self.device = torch.device("cuda", 0)
+
+    def stride(self):
+        return torch.empty(self.shape, device="meta").stride()
+
+    def element_size(self):
+        return self._itemsize
+
+
+def test_dtypes_newer_than_the_build_are_named_by_torch_and_kept_apart():
+    x = NewerTensor((2, 3, 1, 4, 8), "torch.bcomplex32", 4)
+    assert attnprep._C._imported_dtype(x, True) == "torch.bcomplex32"
+    with pytest.raises(ValueError) as e:
+        attnprep._C._usp_merge_heads_meta(x)
+    assert str(e.value) == "Unsupported usp_merge_heads dtype: torch.bcomplex32"
+    a, b = NewerTensor((4, 2, 8), "torch.bcomplex32", 4), NewerTensor((4, 2, 8), "torch.float32x", 4)
+    with pytest.raises(ValueError) as e:  # two newer dtypes of one size are still two dtypes
+        attnprep._C._pack_qkv_meta(a, b, a, 1, None)
+    assert str(e.value) == MSG_SAME
+    assert attnprep._C._pack_qkv_meta(a, a, a, 1, None) == [1, 4, 2, 24]
 
 
 def test_messages_through_the_fallback_import_path():
