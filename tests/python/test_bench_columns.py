@@ -55,13 +55,8 @@ def on_cpu(monkeypatch):
             return f(*a, **kw)
         return g
 
-    for name in ("randn", "rand", "randint", "randperm", "empty", "tensor"):
+    for name in ("randn", "rand", "randint", "randperm", "empty", "zeros", "tensor"):
         monkeypatch.setattr(torch, name, drop_device(getattr(torch, name)))
-    zeros = torch.zeros
-
-    def zeros_of(*a, dtype=None, device=None, **kw):  # older torch cannot fill fp8 on the CPU: convert
-        return zeros(*a, **kw) if dtype is None else zeros(*a, **kw).to(dtype)
-    monkeypatch.setattr(torch, "zeros", zeros_of)
     generator = torch.Generator
     monkeypatch.setattr(torch, "Generator", lambda device=None: generator())
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **kw: self)
@@ -181,6 +176,17 @@ def test_rope_table(on_cpu, capsys):
                     GRAPH_US, 5e3, 6.0, NAN, NAN, NAN, NAN])
 
 
+def cpu_writes_fp8():
+    """Whether this torch fills and scatters fp8 tensors on the CPU (2.4 does neither), as the
+    benchmark's plain-torch peer does into its fp8 pools."""
+    try:
+        torch.zeros(2, dtype=torch.float8_e4m3fn)[torch.tensor([1])] = torch.ones(1).to(torch.float8_e4m3fn)
+        return True
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.skipif(not cpu_writes_fp8(), reason="this torch cannot write fp8 tensors on the CPU")
 def test_rope_formats_table(on_cpu, capsys):
     bench_rope_pool.run_formats(ts=[8])
     rows = table(capsys.readouterr().out, "rope_pool_fused into paged")
