@@ -85,10 +85,11 @@ def rope_pool_fused(
         if out is not None:
             return out
         # MPS tensors: on to their registered kernel, which validates; the
-        # host check, when asked for, has run
-        check = False
-    args, inplace = _read_args(*args[:-1], inplace=inplace)
-    args += (check,)
+        # extension has read the arguments and, when asked for, run the host check
+        args = args[:-1] + (False,)
+    else:
+        args, inplace = _read_args(*args[:-1], inplace=inplace)
+        args += (check,)
     if inplace:
         torch.ops.attnprep.rope_pool_fused_inplace(*args)
         return q, k, k_pool, v_pool
