@@ -72,7 +72,12 @@ def rope_pool_fused(
 
     Raises ValueError with the messages of docs/contract.md, in their order.
     """
-    check = _ops.CHECK_SLOTS_ENV if check_slots is None else bool(check_slots)
+    if check_slots is not None and not isinstance(check_slots, bool):
+        # in its turn: an earlier argument of the wrong type names itself first
+        _read_args(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base,
+                   rotary_dim, is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, q_norm_weight, k_norm_weight,
+                   norm_eps, norm_weight_offset, inplace=inplace, check_slots=check_slots)
+    check = _ops.CHECK_SLOTS_ENV if check_slots is None else check_slots
     args = (q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim,
             is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, q_norm_weight, k_norm_weight, norm_eps,
             norm_weight_offset, check)
@@ -99,10 +104,11 @@ def rope_pool_fused(
 
 def _read_args(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim,
                is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, q_norm_weight, k_norm_weight, norm_eps,
-               norm_weight_offset, *, inplace):
+               norm_weight_offset, *, inplace, check_slots=None):
     """The arguments (and ``inplace``) as the extension reads them, in its
     order, for the calls that go through torch's dispatcher (``_dispatch``:
-    its schema would see the raw values first)."""
+    its schema would see the raw values first). ``check_slots`` (None or a
+    bool, read here in its turn; the caller resolves None) is not returned."""
     q, k, v = tensor_arg(q, "q"), tensor_arg(k, "k"), tensor_arg(v, "v")
     positions, slots = tensor_arg(positions, "positions"), tensor_arg(slots, "slots")
     k_pool, v_pool = tensor_arg(k_pool, "k_pool"), tensor_arg(v_pool, "v_pool")
@@ -114,6 +120,8 @@ def _read_args(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads
     is_neox = bool_arg(is_neox, _OP, "is_neox")
     cos_sin_cache = tensor_arg(cos_sin_cache, "cos_sin_cache", optional=True)
     inplace = bool_arg(inplace, _OP, "inplace")
+    if check_slots is not None:
+        bool_arg(check_slots, _OP, "check_slots")
     k_scale = tensor_arg(k_scale, "k_scale", optional=True)
     v_scale = tensor_arg(v_scale, "v_scale", optional=True)
     if not isinstance(kv_layout, str):
