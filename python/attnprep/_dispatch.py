@@ -10,6 +10,7 @@ checks the metadata and gives the output's.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 
 import torch
@@ -51,12 +52,19 @@ def tensor_arg(x, name: str, optional: bool = False):
     return x
 
 
+def _number(x, abc) -> bool:
+    """A numbers.Integral / numbers.Real (Python's and numpy's scalars), not a
+    bool (numpy's is no number) and not a tensor."""
+    return not isinstance(x, (bool, _Tensor)) and isinstance(x, abc)
+
+
+
 def int_arg(x, op: str, name: str, past_int64=None):
-    """An int (anything with ``__index__`` but a bool); outside int64 it becomes
+    """An int (a numbers.Integral but a bool); outside int64 it becomes
     ``past_int64`` when given, else saturates, for the op's range check."""
     if isinstance(x, _SYMBOLIC):
         return x
-    if isinstance(x, bool) or not hasattr(type(x), "__index__"):
+    if not _number(x, numbers.Integral):
         raise TypeError(f"{op}: {name} must be an int, got {type(x).__name__}")
     x = operator.index(x)
     if -2**63 <= x < 2**63:
@@ -67,13 +75,13 @@ def int_arg(x, op: str, name: str, past_int64=None):
 
 
 def float_arg(x, op: str, name: str):
-    """A float or an int (not a bool); an int past float's range is infinite."""
+    """A numbers.Real (not a bool, not a tensor); an int past float's range is infinite."""
     if isinstance(x, _SYMBOLIC):
         return x
-    if isinstance(x, bool) or not (isinstance(x, float) or hasattr(type(x), "__index__")):
+    if not _number(x, numbers.Real):
         raise TypeError(f"{op}: {name} must be a number, got {type(x).__name__}")
     try:
-        return float(x if isinstance(x, float) else operator.index(x))
+        return float(operator.index(x) if isinstance(x, numbers.Integral) else x)
     except OverflowError:
         return math.inf if x > 0 else -math.inf
 

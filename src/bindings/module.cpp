@@ -1,6 +1,8 @@
 // The extension module attnprep._C: one init_<family> per binding file.
 #include <nanobind/nanobind.h>
 
+#include "core/errors.h"
+
 namespace nb = nanobind;
 
 namespace attnprep::bindings {
@@ -13,7 +15,35 @@ void init_peer(nb::module_& m);
 void init_tensor_import(nb::module_& m);
 }  // namespace attnprep::bindings
 
+namespace {
+// core::ValueError -> ValueError with the message unchanged and the note
+// (the offending values) attached as PEP 678 does (__notes__ where Python
+// has no add_note, before 3.11).
+void raise_value_error(const attnprep::core::ValueError& e) {
+  nb::object exc = nb::steal(PyObject_CallFunction(PyExc_ValueError, "s", e.what()));
+  if (!exc) return;  // the call's own error is set
+  if (!e.note.empty()) {
+    nb::str note(e.note.c_str());
+    if (nb::hasattr(exc, "add_note"))
+      exc.attr("add_note")(note);
+    else {
+      nb::list notes;
+      notes.append(note);
+      nb::setattr(exc, "__notes__", notes);
+    }
+  }
+  PyErr_SetObject(PyExc_ValueError, exc.ptr());
+}
+}  // namespace
+
 NB_MODULE(_C, m) {
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const attnprep::core::ValueError& e) {
+      raise_value_error(e);
+    }
+  });
   m.doc() = "attnprep kernels (CUDA / Metal) behind DLPack; see attnprep for the public API";
   attnprep::bindings::init_build_info(m);
   attnprep::bindings::init_pack_qkv(m);

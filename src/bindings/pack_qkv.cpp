@@ -15,9 +15,6 @@ namespace attnprep::bindings {
 namespace {
 
 constexpr const char* kOp = "pack_qkv_destination_major";
-// Whether packs of 16-byte rows take the flat path (core::PackFlatPlan); off
-// only in benchmarks that time it against the engine in one process.
-bool g_pack_flat = true;
 
 // Every argument read (`import`: tensors with their addresses, or metadata
 // alone), so a wrong type or layout is refused before the checks, and checks
@@ -59,7 +56,7 @@ nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, 
   if (dst.numel() == 0) return result;
 
   core::PackFlatPlan flat;
-  if (g_pack_flat && core::plan_pack_flat(shape, tq.arg, tk.arg, tv.arg, dst, flat)) {
+  if (core::plan_pack_flat(shape, tq.arg, tk.arg, tv.arg, dst, flat)) {
     ATTNPREP_RUN_CUDA(kOp, tq.arg.device, stream, cuda::pack_flat(flat, stream));
     return result;
   }
@@ -112,8 +109,6 @@ void init_pack_qkv(nb::module_& m) {
   m.def("_pack_qkv_gqa", &pack_qkv_gqa, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("world_size"), nb::arg("chunks") = 1,
         "Internal (Ulysses): [chunks, W, rows, (chunk_q + 2 * chunk_kv) * head_size].");
-  m.def("_set_pack_flat", [](bool on) { g_pack_flat = on; }, nb::arg("on"),
-        "Internal (benchmarks): packs in one flat pass where they qualify (the default) or through the copy engine.");
   m.def("_check_ulysses_chunks", &core::check_ulysses_chunks, nb::arg("local_q"), nb::arg("local_kv"),
         nb::arg("kv_split"), nb::arg("chunks"), "Internal: the chunk count's check (any device).");
   m.def("_check_ulysses_geometry", &check_ulysses_geometry, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),

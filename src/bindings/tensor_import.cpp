@@ -183,6 +183,32 @@ nb::module_& torch_module() {
   return *torch;
 }
 
+// Whether obj is a torch.Tensor (of any subclass): other objects with
+// __dlpack__ (numpy arrays) are refused as the contract says.
+bool is_torch_tensor(nb::handle obj) {
+  static PyObject* tensor_type = torch_module().attr("Tensor").inc_ref().ptr();  // leaked: outlives atexit
+  if (Py_TYPE(obj.ptr()) == reinterpret_cast<PyTypeObject*>(tensor_type)) return true;
+  const int r = PyObject_IsInstance(obj.ptr(), tensor_type);
+  if (r < 0) throw nb::python_error();
+  return r == 1;
+}
+
+// Whether obj is an instance of numbers.<abc> (Integral or Real): Python's
+// and numpy's scalars register there; bool and tensors are refused apart.
+bool is_number(nb::handle obj, const char* abc) {
+  static nb::module_* numbers = new nb::module_(nb::module_::import_("numbers"));  // leaked: outlives atexit
+  const int r = PyObject_IsInstance(obj.ptr(), numbers->attr(abc).ptr());
+  if (r < 0) throw nb::python_error();
+  return r == 1;
+}
+
+// A bool (numpy's too) or a tensor is never a number argument.
+bool is_number_arg(nb::handle obj, const char* abc) {
+  if (PyLong_CheckExact(obj.ptr()) || (PyFloat_CheckExact(obj.ptr()) && abc[0] == 'R')) return true;
+  if (PyBool_Check(obj.ptr()) || is_torch_tensor(obj)) return false;
+  return is_number(obj, abc);
+}
+
 }  // namespace
 
 // The ints of a Python sequence (torch.Size, a stride tuple); symbolic
@@ -209,6 +235,7 @@ std::string str_of(nb::handle obj) {
 }
 
 ImportedTensor import_metadata(nb::handle obj, const char* what) {
+  if (!is_torch_tensor(obj)) not_a_tensor(obj, what);
   require_strided(obj, what);  // their shapes and strides are not one block's
   if (!nb::hasattr(obj, "shape") || !nb::hasattr(obj, "stride") || !nb::hasattr(obj, "dtype") ||
       !nb::hasattr(obj, "device"))
@@ -256,6 +283,7 @@ ImportedTensor described(ImportedTensor out, nb::handle obj, const dltensor& t, 
 }  // namespace
 
 ImportedTensor import_tensor(nb::handle obj, const char* what) {
+  if (!is_torch_tensor(obj)) not_a_tensor(obj, what);
   ImportedTensor out;
   if (const ExchangeApi* api = exchange_api(Py_TYPE(obj.ptr()))) {
     dltensor t;
@@ -290,7 +318,7 @@ ImportedTensor import_tensor(nb::handle obj, const char* what) {
 }
 
 int64_t int_arg(nb::handle obj, const char* op, const char* name, std::optional<int64_t> past_int64) {
-  if (PyBool_Check(obj.ptr()) || !PyIndex_Check(obj.ptr()))
+  if (!is_number_arg(obj, "Integral"))
     throw nb::type_error((std::string(op) + ": " + name + " must be an int, got " + py_type_name(obj)).c_str());
   nb::object index = nb::steal(PyNumber_Index(obj.ptr()));
   if (!index) throw nb::python_error();
@@ -302,9 +330,13 @@ int64_t int_arg(nb::handle obj, const char* op, const char* name, std::optional<
 }
 
 double float_arg(nb::handle obj, const char* op, const char* name) {
-  if (PyBool_Check(obj.ptr()) || !(PyFloat_Check(obj.ptr()) || PyIndex_Check(obj.ptr())))
+  if (!is_number_arg(obj, "Real"))
     throw nb::type_error((std::string(op) + ": " + name + " must be a number, got " + py_type_name(obj)).c_str());
-  const double v = PyFloat_AsDouble(obj.ptr());
+  // an Integral through int(): exact, and past double's range an OverflowError
+  const bool integral = !PyFloat_Check(obj.ptr()) && (PyLong_Check(obj.ptr()) || is_number(obj, "Integral"));
+  nb::object value = integral ? nb::steal(PyNumber_Index(obj.ptr())) : nb::borrow(obj);
+  if (!value) throw nb::python_error();
+  const double v = PyFloat_AsDouble(value.ptr());
   if (v == -1.0 && PyErr_Occurred()) {
     if (!PyErr_ExceptionMatches(PyExc_OverflowError)) throw nb::python_error();
     PyErr_Clear();  // an int past double's range: as good as infinite

@@ -7,17 +7,27 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace attnprep::core {
 
+// `note`: the offending values (dtypes, devices, shapes), which the binding
+// attaches as the Python exception's note (PEP 678); the message stays exact.
 struct ValueError : std::invalid_argument {
-  explicit ValueError(const std::string& message) : std::invalid_argument(message) {}
+  explicit ValueError(const std::string& message, std::string note_text = {})
+      : std::invalid_argument(message), note(std::move(note_text)) {}
+  std::string note;
 };
 
 // Throws ValueError(message) unless `ok`. Keeps the checks one line each, in
 // the documented order.
 inline void require(bool ok, const char* message) {
   if (!ok) throw ValueError(message);
+}
+// The same with a note, built only when the check fails: note() returns it.
+template <typename Note>
+inline void require(bool ok, const char* message, Note&& note) {
+  if (!ok) throw ValueError(message, note());
 }
 
 // A number in a message, as C's %g prints it: "-1", "1e-06", "nan", "inf".

@@ -9,18 +9,24 @@ namespace attnprep::core {
 
 PackQkvShape check_pack_qkv_inputs(const TensorArg& q, const TensorArg& k, const TensorArg& v,
                                    int64_t world_size) {
-  require(q.ndim == 3 && q.same_shape(k) && q.same_shape(v),
-          "q, k, and v must have the same 3D shape");
+  const auto dtypes = [&] { return dtype_device_note({{"q", &q}, {"k", &k}, {"v", &v}}); };
+  require(q.ndim == 3 && q.same_shape(k) && q.same_shape(v), "q, k, and v must have the same 3D shape",
+          [&] { return shape_note({{"q", &q}, {"k", &k}, {"v", &v}}); });
   require(q.device.type == DeviceType::CUDA && k.device.type == DeviceType::CUDA &&
               v.device.type == DeviceType::CUDA,
-          "q, k, and v must be CUDA tensors");
+          "q, k, and v must be CUDA tensors", dtypes);
   require(q.device == k.device && q.device == v.device && q.dtype == k.dtype && q.dtype == v.dtype &&
               q.itemsize == k.itemsize && q.itemsize == v.itemsize,
-          "q, k, and v must have the same device and dtype");
+          "q, k, and v must have the same device and dtype", dtypes);
   require(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,
-          "q, k, and v must be contiguous in head_size");
+          "q, k, and v must be contiguous in head_size", [&] {
+            return "last-dimension strides: q " + std::to_string(q.stride(-1)) + ", k " +
+                   std::to_string(k.stride(-1)) + ", v " + std::to_string(v.stride(-1));
+          });
   require(world_size >= 1 && q.size(1) % world_size == 0,
-          "world_size must be positive and divide global_heads");
+          "world_size must be positive and divide global_heads", [&] {
+            return "world_size: " + std::to_string(world_size) + ", global_heads: " + std::to_string(q.size(1));
+          });
 
   PackQkvShape s{};
   s.world_size = world_size;
@@ -46,7 +52,13 @@ void check_pack_qkv_out(const PackQkvShape& s, const TensorArg& q, const TensorA
   require(out.has_shape({s.out_shape[0], s.out_shape[1], s.out_shape[2], s.out_shape[3]}) &&
               out.is_contiguous() && out.device == q.device && out.dtype == q.dtype &&
               out.itemsize == q.itemsize,
-          "out must be a contiguous tensor with the expected shape, device, and dtype");
+          "out must be a contiguous tensor with the expected shape, device, and dtype", [&] {
+            std::string want = "torch.Size([";
+            for (int d = 0; d < 4; ++d) want += (d ? ", " : "") + std::to_string(s.out_shape[d]);
+            return "expected " + want + "]) " + dtype_name(q.dtype) + " on " + device_str(q.device) +
+                   ", contiguous; got " + shape_str(out) + " " + dtype_name(out.dtype) + " on " +
+                   device_str(out.device) + (out.is_contiguous() ? "" : ", not contiguous");
+          });
   require(!may_overlap(out, q) && !may_overlap(out, k) && !may_overlap(out, v), "out must not overlap q, k, or v");
 }
 

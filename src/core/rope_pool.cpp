@@ -1,5 +1,8 @@
 #include "core/rope_pool.h"
 
+#include <utility>
+#include <vector>
+
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -44,38 +47,66 @@ int32_t pool_fp8_kind(DType d) { return d == DType::Float8E4M3FN ? 1 : d == DTyp
 void check_rope_pool(const RopePoolArgs& a) {
   const TensorArg &q = a.q, &k = a.k, &v = a.v;
   // Checks 1-11 of docs/contract.md: the original op's, in its order.
-  require(q.ndim == 3 && k.ndim == 3 && v.ndim == 3, "rope_pool_fused expects q/k/v to be 3-D");
-  require(a.positions.ndim == 1 && a.slots.ndim == 1, "rope_pool_fused expects positions/slots to be 1-D");
+  const auto qkv_shapes = [&] { return shape_note({{"q", &q}, {"k", &k}, {"v", &v}}); };
+  const auto pool_shapes = [&] { return shape_note({{"k_pool", &a.k_pool}, {"v_pool", &a.v_pool}}); };
+  require(q.ndim == 3 && k.ndim == 3 && v.ndim == 3, "rope_pool_fused expects q/k/v to be 3-D", qkv_shapes);
+  require(a.positions.ndim == 1 && a.slots.ndim == 1, "rope_pool_fused expects positions/slots to be 1-D",
+          [&] { return shape_note({{"positions", &a.positions}, {"slots", &a.slots}}); });
   // 4-D pools are paged (docs/contract.md); the documented text is the original op's
   require((a.k_pool.ndim == 3 || a.k_pool.ndim == 4) && (a.v_pool.ndim == 3 || a.v_pool.ndim == 4),
-          "rope_pool_fused expects pool tensors to be 3-D");
+          "rope_pool_fused expects pool tensors to be 3-D", pool_shapes);
   const int64_t T = q.size(0);
+  // "expected [T, heads, head_dim], got torch.Size([...])"
+  const auto expected = [&](int64_t heads, const TensorArg& t) {
+    return "expected [" + std::to_string(T) + ", " + std::to_string(heads) + ", " + std::to_string(a.head_dim) +
+           "], got " + shape_str(t);
+  };
   if (!q.has_shape({T, a.num_qo_heads, a.head_dim}))
-    throw ValueError("q shape must be [num_tokens, num_qo_heads, head_dim], got " + shape_str(q));
+    throw ValueError("q shape must be [num_tokens, num_qo_heads, head_dim], got " + shape_str(q),
+                     expected(a.num_qo_heads, q));
   if (!k.has_shape({T, a.num_kv_heads, a.head_dim}))
-    throw ValueError("k shape must be [num_tokens, num_kv_heads, head_dim], got " + shape_str(k));
+    throw ValueError("k shape must be [num_tokens, num_kv_heads, head_dim], got " + shape_str(k),
+                     expected(a.num_kv_heads, k));
   if (!v.same_shape(k))
-    throw ValueError("v shape must match k shape, got " + shape_str(v) + " vs " + shape_str(k));
-  require(a.positions.size(0) == T && a.slots.size(0) == T, "positions/slots must have one entry per token");
-  if (pool_heads(a.k_pool, a.kv_layout) != a.num_kv_heads || a.k_pool.size(-1) != a.head_dim)
-    throw ValueError("k_pool has incompatible shape " + shape_str(a.k_pool));
+    throw ValueError("v shape must match k shape, got " + shape_str(v) + " vs " + shape_str(k), qkv_shapes());
+  require(a.positions.size(0) == T && a.slots.size(0) == T, "positions/slots must have one entry per token", [&] {
+    return "num_tokens: " + std::to_string(T) + ", " + shape_note({{"positions", &a.positions}, {"slots", &a.slots}});
+  });
+  if (pool_heads(a.k_pool, a.kv_layout) != a.num_kv_heads || a.k_pool.size(-1) != a.head_dim) {
+    const std::string hd = std::to_string(a.num_kv_heads) + ", " + std::to_string(a.head_dim);
+    const std::string paged = a.kv_layout == KvLayout::NHD ? "[pages, page_size, " + hd + "]"
+                                                           : "[pages, " + std::to_string(a.num_kv_heads) +
+                                                                 ", page_size, " + std::to_string(a.head_dim) + "]";
+    throw ValueError("k_pool has incompatible shape " + shape_str(a.k_pool),
+                     "expected [slots, " + hd + "] or " + paged + ", got " + shape_str(a.k_pool));
+  }
   if (!a.v_pool.same_shape(a.k_pool))
     throw ValueError("v_pool shape must match k_pool shape, got " + shape_str(a.v_pool) + " vs " +
-                     shape_str(a.k_pool));
-  require(q.dtype == k.dtype && q.dtype == v.dtype, "q/k/v dtypes must match");
+                         shape_str(a.k_pool),
+                     pool_shapes());
+  require(q.dtype == k.dtype && q.dtype == v.dtype, "q/k/v dtypes must match",
+          [&] { return dtype_device_note({{"q", &q}, {"k", &k}, {"v", &v}}); });
   // fp8 pools (with their scales) are this library's addition to check 11
   require((a.k_pool.dtype == q.dtype || is_fp8(a.k_pool.dtype)) && a.v_pool.dtype == a.k_pool.dtype,
-          "pool dtypes must match q/k/v dtype");
+          "pool dtypes must match q/k/v dtype",
+          [&] { return dtype_device_note({{"q", &q}, {"k_pool", &a.k_pool}, {"v_pool", &a.v_pool}}); });
 
   // Checks 12 on: this library's own.
-  const TensorArg* all[] = {&q, &k, &v, &a.positions, &a.slots, &a.k_pool, &a.v_pool};
-  for (const TensorArg* t : all) require(t->device == q.device, "rope_pool_fused expects all tensors on one device");
-  const char* one_device = "rope_pool_fused expects all tensors on one device";
-  if (a.has_cache) require(a.cos_sin_cache.device == q.device, one_device);
-  if (a.has_k_scale) require(a.k_scale.device == q.device, one_device);
-  if (a.has_v_scale) require(a.v_scale.device == q.device, one_device);
-  if (a.has_q_norm) require(a.q_norm_weight.device == q.device, one_device);
-  if (a.has_k_norm) require(a.k_norm_weight.device == q.device, one_device);
+  // every tensor given, with its name, for the device check and its note
+  std::vector<std::pair<const char*, const TensorArg*>> given = {
+      {"q", &q}, {"k", &k}, {"v", &v}, {"positions", &a.positions}, {"slots", &a.slots},
+      {"k_pool", &a.k_pool}, {"v_pool", &a.v_pool}};
+  if (a.has_cache) given.push_back({"cos_sin_cache", &a.cos_sin_cache});
+  if (a.has_k_scale) given.push_back({"k_scale", &a.k_scale});
+  if (a.has_v_scale) given.push_back({"v_scale", &a.v_scale});
+  if (a.has_q_norm) given.push_back({"q_norm_weight", &a.q_norm_weight});
+  if (a.has_k_norm) given.push_back({"k_norm_weight", &a.k_norm_weight});
+  for (const auto& [name, t] : given) {
+    if (t->device == q.device) continue;
+    std::string note;
+    for (const auto& [n, u] : given) note += (note.empty() ? "" : ", ") + std::string(n) + ": " + device_str(u->device);
+    throw ValueError("rope_pool_fused expects all tensors on one device", note);
+  }
   require(q.device.type == DeviceType::CUDA || q.device.type == DeviceType::MPS,
           "rope_pool_fused expects CUDA or MPS tensors");
   if (!is_float_type(q.dtype))

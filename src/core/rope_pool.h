@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/fast_divmod.h"  // ATTNPREP_HD
+#include "core/cuda_tuning.h"
 #include "core/rope_pool_params.h"
 #include "core/tensor.h"
 
@@ -91,83 +92,6 @@ inline int64_t rope_items_per_token(const RopePoolParams& p) {
   return static_cast<int64_t>(p.num_qo_heads + p.num_kv_heads) * p.qk_items_per_head +
          static_cast<int64_t>(p.num_kv_heads) * p.v_items_per_head;
 }
-
-// The CUDA kernel's tuning, in one place (docs/performance-notes.md has the
-// measurements behind each value and the alternatives that lost).
-struct RopeCudaPolicy {
-  // Largest block. Blocks stay small so that many tokens are in flight per
-  // multiprocessor; with min_blocks_per_sm blocks resident the compiler keeps
-  // the kernel at or under 48 registers, with no spills.
-  static constexpr int32_t max_threads = 128;
-  static constexpr int32_t min_blocks_per_sm = 10;
-  // Below this many tokens a token is spread over several blocks, one round
-  // of items each, so a small call costs about one memory round trip.
-  static constexpr int64_t split_below = 1024;
-  // Where a block walks several rounds, a thread asks L2 for the item it will
-  // take this many rounds later, so that its next loads hit L2.
-  static constexpr int prefetch_rounds_ahead = 1;
-  // ... and those blocks' data loads and L2 prefetches carry an L2
-  // evict-last policy: a call of several-round blocks moves more bytes than
-  // L2 holds, and the lines a thread asked for a round ahead (and the lines
-  // being read) then stay while the freshly written output lines are what
-  // L2 evicts first (the copy engine's large copies load the same way).
-  static constexpr bool several_round_loads_evict_last = true;
-  // QK-norm kernel: a lane holds at least this many vector groups of a head,
-  // so that it has as many bytes in flight as a rotation item (two groups).
-  static constexpr int norm_min_groups_per_lane = 2;
-  // ... and at most this many elements (head_dim 512 over 32 lanes).
-  static constexpr int norm_max_per_lane = 16;
-  // The rotation kernel with the QK norm: the norm's registers (two partial
-  // sums, the factor, the weights) fit in 56 per thread without spills, so 9
-  // blocks of 128 threads share a multiprocessor's registers.
-  static constexpr int32_t norm_min_blocks_per_sm = 9;
-  // ... except where a block serves one round of items (split tokens, small
-  // calls) and the pools are in q's dtype: there a tenth block per
-  // multiprocessor shortens the call more than the 8 bytes of spills at 48
-  // registers cost it (with several rounds per block they cost more; fp8
-  // pools would spill 12-16 bytes).
-  static constexpr int32_t norm_one_round_min_blocks_per_sm = 10;
-  // Computing cos/sin with the QK norm, one-round blocks that fit in one
-  // wave have one more warp (rope_table_warp), the table warp: it computes
-  // the token's cos/sin table (and copies the 2-byte norm weights) while the
-  // item warps load and normalize, and signals a named barrier that the item
-  // warps wait at only before they rotate. With one barrier for all warps every
-  // item waited for the table before its norm; now the norm's chain overlaps
-  // the position's round trip and the table's sin/cos. The blocks per
-  // multiprocessor keep the threads (so the registers per thread) of the
-  // 128-thread blocks.
-  static constexpr int32_t table_warp_threads = 32;
-  static constexpr int32_t norm_table_warp_min_blocks_per_sm =
-      norm_one_round_min_blocks_per_sm * max_threads / (max_threads + table_warp_threads);
-  static constexpr int32_t norm_table_warp_fp8_min_blocks_per_sm =
-      norm_min_blocks_per_sm * max_threads / (max_threads + table_warp_threads);
-  // On the cos_sin_cache row path with the QK norm, each warp copies the
-  // token's cos/sin row and the 2-byte norm weights into shared memory
-  // asynchronously (cuda WarpRows: cp.async, as soon as the addresses are
-  // known) and its items read them there: their round trips then overlap the
-  // data's and the sum's, and no registers are held across them. Blocks of
-  // several rounds always do (once per token); one-round blocks in calls of
-  // at most this many blocks per multiprocessor: in larger calls (several
-  // waves, bound by the loads in flight) reading the rows directly is faster.
-  static constexpr int32_t norm_stage_max_blocks_per_sm = 5;
-  // Several-round blocks with the QK norm (cos/sin from cache rows or from
-  // the block's table) whose token is at most this many rounds (32/8 heads
-  // at head_dim 128: 3) run norm_short_token_min_blocks_per_sm per
-  // multiprocessor (48 registers): a tenth block gained such tokens more than
-  // its spills cost them, and cost tokens of 5 rounds (64/8) more than it
-  // gained them.
-  static constexpr int32_t norm_short_token_max_rounds = 3;
-  static constexpr int32_t norm_short_token_min_blocks_per_sm = 10;
-  // ... and their last wave puts 1 / norm_short_token_tail_share of the usual
-  // tokens in one-round slices (core::plan_rope_cuda_tail's tail_share): each
-  // slice repeats a block's set-up (position, cos/sin, weights), and for these
-  // short tokens half the slices shortened the call more than all of them or
-  // a third did (tokens of 5 rounds lost with half).
-  static constexpr int32_t norm_short_token_tail_share = 2;
-  // The general QK-norm kernel (a lane holds up to 16 elements) needs up to
-  // 64 registers: 8 blocks (at 9 it spilled 12-44 bytes).
-  static constexpr int32_t general_norm_min_blocks_per_sm = 8;
-};
 
 // Whether one-round QK-norm blocks on the row path stage their weights and
 // cos/sin (RopeCudaPolicy::norm_stage_max_blocks_per_sm); multiprocessors <= 0

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "core/cuda_tuning.h"
 #include "core/fast_divmod.h"
 
 namespace attnprep::core {
@@ -86,39 +87,6 @@ ATTNPREP_HD void copy_offsets(const CopyJobPlan& job, int64_t idx, int64_t vec_b
 // Picks the widest vector every address and stride allows and the index
 // width. Jobs with no rows are kept (they copy nothing).
 StridedCopyPlan plan_strided_copy(const CopyJob* jobs, int njobs);
-
-// The CUDA copy kernel's tuning, in one place (docs/performance-notes.md has
-// the measurements behind each value and the alternatives that lost).
-struct CopyCudaPolicy {
-  // A large copy: blocks of 128 threads, one vector each, launched without
-  // PDL and without its two griddepcontrol instructions (which would cost
-  // such short blocks a fifth of their time). Many small blocks keep more
-  // warps' loads in flight than 512 threads x 4 vectors launched with PDL,
-  // which they beat by up to 1 point of copy (usp_merge_heads) and match or
-  // beat on pack (the flat pass's launch shape too: flat_input_threads).
-  static constexpr int32_t large_threads = 128;
-  static constexpr int32_t large_vectors_per_thread = 1;
-  static constexpr bool large_with_pdl = false;
-  // A large copy's 16-byte loads carry an L2 evict-last cache policy, so its
-  // freshly written output lines, not the lines being read, are what L2
-  // evicts first (Inductor's generated copies load the same way).
-  static constexpr bool large_loads_evict_last = true;
-  // A small copy (fewer vectors than this in all jobs together): one vector
-  // per thread in blocks of 256, spread over every multiprocessor so that
-  // the call costs one memory round trip; 4 per thread would idle most of
-  // the GPU.
-  static constexpr int32_t small_threads = 256;
-  static constexpr int64_t small_below = int64_t{1} << 18;
-  // The flat pack pass over a small pack (core::PackFlatPlan): one vector per
-  // thread in blocks of this many. Smaller blocks (more of them, spread over
-  // more multiprocessors) do not shorten a small call alone and replay
-  // slower, the more so the more blocks each multiprocessor then holds.
-  static constexpr int32_t flat_threads = 256;
-  // The flat pack pass over a large pack (walked in input order): the
-  // large copies' launch shape and launch (128 threads, one vector each,
-  // without PDL), as Inductor launches the same pack.
-  static constexpr int32_t flat_input_threads = large_threads;
-};
 
 // How the CUDA kernel is launched for a plan. A large copy's blocks
 // alternate between jobs along x (block b serves job b % njobs, chunk b /

@@ -113,4 +113,26 @@ std::string shape_str(const TensorArg& t) {
   return s + "])";
 }
 
+std::string device_str(const Device& device) {
+  switch (device.type) {
+    case DeviceType::CPU: return "cpu";
+    case DeviceType::CUDA: return "cuda:" + std::to_string(device.index);
+    case DeviceType::MPS: return "mps:" + std::to_string(device.index);
+    default: return "another device";
+  }
+}
+
+std::string dtype_device_note(std::initializer_list<std::pair<const char*, const TensorArg*>> tensors) {
+  std::string s;
+  for (const auto& [name, t] : tensors)
+    s += (s.empty() ? "" : ", ") + std::string(name) + ": " + dtype_name(t->dtype) + " on " + device_str(t->device);
+  return s;
+}
+
+std::string shape_note(std::initializer_list<std::pair<const char*, const TensorArg*>> tensors) {
+  std::string s;
+  for (const auto& [name, t] : tensors) s += (s.empty() ? "" : ", ") + std::string(name) + ": " + shape_str(*t);
+  return s;
+}
+
 }  // namespace attnprep::core

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 namespace attnprep::core {
 
@@ -92,5 +93,13 @@ bool fits_int64_bytes(std::initializer_list<int64_t> sizes, int64_t itemsize);
 
 // Renders a shape as torch prints it: "torch.Size([4, 8, 64])".
 std::string shape_str(const TensorArg& t);
+// A device as torch prints it ("cuda:0", "mps:0", "cpu"; "another device"
+// for the rest, meta tensors among them).
+std::string device_str(const Device& device);
+// "q: torch.bfloat16 on cuda:0, k: ...": the notes of the checks on dtypes
+// and devices (core::ValueError::note).
+std::string dtype_device_note(std::initializer_list<std::pair<const char*, const TensorArg*>> tensors);
+// "q: torch.Size([...]), k: ...": the notes of the checks on shapes.
+std::string shape_note(std::initializer_list<std::pair<const char*, const TensorArg*>> tensors);
 
 }  // namespace attnprep::core

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "core/cuda_tuning.h"
 #include "core/fast_divmod.h"
 #include "core/strided_copy.h"
 #include "core/tensor.h"
@@ -72,16 +73,5 @@ WireMap make_wire_map(const void* plain_base, void* wire, int64_t blocks, int64_
 // stride in head_size) and its contiguous plain layout at `plain_base`:
 // x -> plain when `to_plain`, else plain -> x.
 StridedCopyPlan plan_wire_view(const TensorArg& x, const void* plain_base, bool to_plain);
-
-// The CUDA kernel's tuning. A thread works on units of two adjacent 16-byte
-// vectors of one block (the index arithmetic, the block's reduction and the
-// fp8 access paid once per 32 bytes: the quantizing pass is bound by
-// instructions as much as by DRAM), two units per thread loaded before either
-// is reduced and stored, in blocks of 256 threads.
-struct WireCudaPolicy {
-  static constexpr int32_t threads = 256;
-  static constexpr int32_t units_per_thread = 2;
-  static constexpr int32_t vectors_per_unit = 2;
-};
 
 }  // namespace attnprep::core

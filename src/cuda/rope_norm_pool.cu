@@ -14,7 +14,10 @@
 // rotary, one element per access, GPT-J heads of more than 32 groups.
 #include "core/rope_pool.h"
 #include "cuda/launch.h"
-#include "cuda/rope_device.cuh"
+#include "cuda/rope_cos_sin.cuh"
+#include "cuda/rope_group.cuh"
+#include "cuda/rope_norm.cuh"
+#include "cuda/rope_token.cuh"
 
 #include <cstdint>
 
@@ -64,6 +67,8 @@ struct Task {
   }
 };
 
+// Spills (sm_90): the float32 one-element instantiations, 12-24 bytes at
+// general_norm_min_blocks_per_sm (a rare shape: float32 rows off 16 bytes).
 template <typename T, int W, bool kFp8>
 __global__ void __launch_bounds__(kThreads, Policy::general_norm_min_blocks_per_sm)
     rope_norm_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr,

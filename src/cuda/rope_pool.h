@@ -30,4 +30,16 @@ struct RopePoolPointers {
 cudaError_t rope_pool(const RopePoolParams& params, const RopePoolPointers& ptrs, core::DType dtype,
                       cudaStream_t stream);
 
+namespace rope {
+// The rotation kernel for element type T (__half, __nv_bfloat16, float) and
+// pools of T or fp8; one translation unit each (cuda/rope_pool_<type>.cu).
+template <typename T, bool kFp8>
+cudaError_t launch_rope_pool(const RopePoolParams& params, const RopePoolPointers& ptrs, cudaStream_t stream);
+// The general QK-norm kernel (cuda/rope_norm_pool.cu), for parameters with
+// norm_q or norm_k set that the rotation kernel does not take
+// (core::rope_norm_in_rotation_kernel); same contract as rope_pool().
+cudaError_t rope_norm_pool(const RopePoolParams& params, const RopePoolPointers& ptrs, core::DType dtype,
+                           cudaStream_t stream);
+}  // namespace rope
+
 }  // namespace attnprep::cuda

@@ -191,6 +191,11 @@ WRONG_TYPES = [
     (_rope_call, dict(cos_sin_cache=[1.0], inplace=None), "cos_sin_cache must be a torch.Tensor, got list"),
     (_rope_call, dict(kv_layout=0, norm_eps=None, q_norm_weight="w"), f"{RP}: kv_layout must be a str, got int"),
     (_rope_call, dict(norm_eps=None, q_norm_weight="w"), "q_norm_weight must be a torch.Tensor, got str"),
+    # a tensor is no number argument, whatever it holds
+    (_rope_call, dict(rope_base=torch.tensor(1e4)), f"{RP}: rope_base must be a number, got Tensor"),
+    (_rope_call, dict(norm_eps=torch.tensor(1e-6)), f"{RP}: norm_eps must be a number, got Tensor"),
+    (_rope_call, dict(head_dim=torch.tensor(64)), f"{RP}: head_dim must be an int, got Tensor"),
+    (_pack_call, dict(world_size=torch.tensor(2)), "pack_qkv_destination_major: world_size must be an int, got Tensor"),
 ]
 
 
@@ -232,3 +237,43 @@ def test_ints_past_int64_fail_their_range_check_in_turn_on_every_path(value):
         expect(ValueError, shape, _rope_call("cuda", head_dim=value))
         expect(ValueError, shape, _rope_call("cuda", num_qo_heads=value))
         expect(ValueError, rotary + str(saturated), _rope_call("cuda", rotary_dim=value))
+
+
+def test_numpy_arrays_are_not_tensors():
+    """Anything with __dlpack__ but a torch.Tensor gets the documented TypeError, eagerly and
+    through the dispatcher alike."""
+    import numpy as np
+
+    a = np.zeros((4, 8, 16), dtype=np.float32)
+    expect(TypeError, "q must be a torch.Tensor, got ndarray", _pack_call("cpu", q=a))
+    expect(TypeError, "x must be a torch.Tensor, got ndarray", attnprep.usp_merge_heads, np.zeros((1,) * 5))
+    expect(TypeError, "k must be a torch.Tensor, got ndarray", _rope_call("cpu", k=a))
+    with FakeTensorMode():
+        expect(TypeError, "q must be a torch.Tensor, got ndarray", _pack_call("cuda", q=a))
+        expect(TypeError, "k must be a torch.Tensor, got ndarray", _rope_call("cuda", k=a))
+
+
+def _numbers():
+    import fractions
+
+    import numpy as np
+
+    return [1e4, 10000, np.float64(1e4), np.float32(1e4), np.int64(10000), np.int32(10000),
+            fractions.Fraction(10000)]
+
+
+@pytest.mark.parametrize("i", range(7))
+def test_number_arguments_accept_python_and_numpy_numbers_alike(i):
+    """rope_base (a number) and head_dim (an int) take Python's and numpy's scalars on the eager
+    and the dispatcher paths: the call goes on to the same check (CPU tensors: the device's;
+    FakeTensors: none fails); numpy's bool is refused as bool is."""
+    import numpy as np
+
+    base = _numbers()[i]
+    expect(ValueError, "rope_pool_fused expects CUDA or MPS tensors", _rope_call("cpu", rope_base=base))
+    expect(ValueError, "rope_pool_fused expects CUDA or MPS tensors", _rope_call("cpu", head_dim=np.int64(64)))
+    with FakeTensorMode():
+        q_rot, _, _, _ = _rope_call("cuda", rope_base=base, head_dim=np.int64(64))()
+        assert q_rot.shape == (4, 8, 64)
+    expect(TypeError, f"{RP}: rope_base must be a number, got {type(np.bool_(True)).__name__}",
+           _rope_call("cpu", rope_base=np.bool_(True)))

@@ -1,0 +1,59 @@
+// A token's place in the RoPE kernels: its position and slot, and where its
+// heads' rows start in the k and v pools.
+#pragma once
+
+#include <cstdint>
+
+#include "core/fast_divmod.h"
+#include "core/rope_pool_params.h"
+#include "cuda/rope_group.cuh"
+
+namespace attnprep::cuda::rope {
+
+// Token t's position and slot. A position outside cos_sin_cache must not be
+// read: its rows become NaN and its pool write is skipped (check_slots=True
+// reports it on the host); a slot outside [0, pool_size) is not written.
+struct TokenPlace {
+  int64_t pos, slot;
+  bool pos_ok, write_pool;
+};
+// read_token_place asks for them; check_token_place then uses them (a
+// caller may issue other loads in between, which then do not wait for the
+// position's round trip).
+__device__ __forceinline__ TokenPlace read_token_place(const RopePoolParams& p, const RopePoolPointers& ptr,
+                                                       int64_t t) {
+  TokenPlace tp;
+  tp.pos = read_index(ptr.positions, t, p.positions_int64);
+  tp.slot = read_index(ptr.slots, t, p.slots_int64);
+  return tp;
+}
+__device__ __forceinline__ TokenPlace check_token_place(const RopePoolParams& p, TokenPlace tp) {
+  tp.pos_ok = !p.use_cache || (tp.pos >= 0 && tp.pos < p.cache_len);
+  tp.write_pool = tp.pos_ok && tp.slot >= 0 && tp.slot < p.pool_size;
+  return tp;
+}
+__device__ __forceinline__ TokenPlace token_place(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t) {
+  return check_token_place(p, read_token_place(p, ptr, t));
+}
+
+// Where head `head` of slot `slot` starts in the v pool (is_v) or the k pool,
+// in elements. slot -> (page, offset) is a 32-bit multiply-shift division by
+// page_size (`page`, core::RopeCudaIndex), as paged pools have fewer than
+// 2^32 slots (checked); callers recompute it per item rather than hold it,
+// which would cost registers.
+__device__ __forceinline__ int64_t pool_row(const RopePoolParams& p, const core::FastDivmod& page_div, int64_t slot,
+                                            int head, bool is_v) {
+  const int64_t page = p.page_size == 1 ? slot
+                                        : static_cast<int64_t>(page_div.div_wide(static_cast<uint32_t>(slot)));
+  const int64_t offset = slot - page * p.page_size;
+  return is_v ? page * p.vp_stride_page + offset * p.vp_stride_offset + head * p.vp_stride_head
+              : page * p.kp_stride_page + offset * p.kp_stride_offset + head * p.kp_stride_head;
+}
+
+// The dequantization scale of a head's fp8 pool row.
+__device__ __forceinline__ float pool_scale(const RopePoolParams& p, const RopePoolPointers& ptr, int head,
+                                            bool is_v) {
+  return is_v ? ptr.v_scale[p.v_scale_per_head ? head : 0] : ptr.k_scale[p.k_scale_per_head ? head : 0];
+}
+
+}  // namespace attnprep::cuda::rope
