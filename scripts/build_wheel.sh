@@ -25,6 +25,7 @@ echo "wheel: $repaired (${size_mb} MiB, budget ${BUDGET_MB} MiB)"
 [ "$size_mb" -le "$BUDGET_MB" ] || { echo "wheel over its size budget"; exit 1; }
 # nothing from torch or a CUDA toolkit may be needed at run time
 tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 (cd "$tmp" && $PY -m zipfile -e "$OLDPWD/$repaired" .)
 needed=$(readelf -d "$tmp"/attnprep/_C*.so | grep NEEDED || true)
 echo "$needed"

@@ -30,6 +30,14 @@ $PY -c "import pytest" 2>/dev/null || test_need+=("pytest>=7")
 $PY -c "import numpy" 2>/dev/null || test_need+=("numpy")
 # libclang: the strict syntax pass over the Metal source (tests/python/test_metal_source.py)
 $PY -c "import clang.cindex" 2>/dev/null || test_need+=("libclang>=16")
+# transformers: the model tests (transformers' own models and RoPE tables as references)
+TRANSFORMERS_REQ="transformers>=5.25,<6"
+$PY - "$TRANSFORMERS_REQ" <<'CHECK' 2>/dev/null || test_need+=("$TRANSFORMERS_REQ")
+import sys
+from importlib.metadata import version
+major, minor = (int(x) for x in version("transformers").split(".")[:2])
+sys.exit(0 if (major, minor) >= (5, 25) and major < 6 else 1)
+CHECK
 if [ ${#test_need[@]} -gt 0 ]; then
   echo "attnprep setup: installing ${test_need[*]}"
   $PY -m pip install -q "${test_need[@]}" || echo "attnprep setup: WARNING: could not install ${test_need[*]}"

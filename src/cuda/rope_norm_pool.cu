@@ -8,7 +8,7 @@
 // head in shared memory for the rotation partners (NeoX pairs are half a head
 // apart, in another lane; GPT-J pairs are in the lane), rotate, and store
 // q_rot/k_rot and the pool rows (rotated k, raw v; fp8 when the pools are).
-// The rotation kernel (cuda/rope_pool.cu) does the norm itself where its
+// The rotation kernel (cuda/rope_pool_kernel.cuh) does the norm itself where its
 // items are whole blocks of the sum (core::rope_norm_in_rotation_kernel);
 // this kernel takes every other shape: head_dim not a power of two, partial
 // rotary, one element per access, GPT-J heads of more than 32 groups.

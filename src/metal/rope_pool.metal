@@ -1,5 +1,5 @@
 // Fused RoPE + KV-pool write for Apple GPUs (docs/contract.md), the same
-// semantics as src/cuda/rope_pool.cu. One threadgroup per token: the group
+// semantics as src/cuda/rope_pool_kernel.cuh. One threadgroup per token: the group
 // computes the token's cos/sin table (rotary_dim / 2 entries, shared by every
 // head) into threadgroup memory, then its threads walk the token's work: each
 // rotation pair of each q and k head, the pass-through elements of a partial
