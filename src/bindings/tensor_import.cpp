@@ -235,7 +235,6 @@ std::string str_of(nb::handle obj) {
 }
 
 ImportedTensor import_metadata(nb::handle obj, const char* what) {
-  if (!is_torch_tensor(obj)) not_a_tensor(obj, what);
   require_strided(obj, what);  // their shapes and strides are not one block's
   if (!nb::hasattr(obj, "shape") || !nb::hasattr(obj, "stride") || !nb::hasattr(obj, "dtype") ||
       !nb::hasattr(obj, "device"))
