@@ -202,11 +202,12 @@ bool is_number(nb::handle obj, const char* abc) {
   return r == 1;
 }
 
-// A bool (numpy's too) or a tensor is never a number argument.
-bool is_number_arg(nb::handle obj, const char* abc) {
-  if (PyLong_CheckExact(obj.ptr()) || (PyFloat_CheckExact(obj.ptr()) && abc[0] == 'R')) return true;
+// An int argument (real: false) or a number argument (real: true); a bool
+// (numpy's too) or a tensor is neither.
+bool is_number_arg(nb::handle obj, bool real) {
+  if (PyLong_CheckExact(obj.ptr()) || (real && PyFloat_CheckExact(obj.ptr()))) return true;
   if (PyBool_Check(obj.ptr()) || is_torch_tensor(obj)) return false;
-  return is_number(obj, abc);
+  return is_number(obj, real ? "Real" : "Integral");
 }
 
 }  // namespace
@@ -317,7 +318,7 @@ ImportedTensor import_tensor(nb::handle obj, const char* what) {
 }
 
 int64_t int_arg(nb::handle obj, const char* op, const char* name, std::optional<int64_t> past_int64) {
-  if (!is_number_arg(obj, "Integral"))
+  if (!is_number_arg(obj, false))
     throw nb::type_error((std::string(op) + ": " + name + " must be an int, got " + py_type_name(obj)).c_str());
   nb::object index = nb::steal(PyNumber_Index(obj.ptr()));
   if (!index) throw nb::python_error();
@@ -329,7 +330,7 @@ int64_t int_arg(nb::handle obj, const char* op, const char* name, std::optional<
 }
 
 double float_arg(nb::handle obj, const char* op, const char* name) {
-  if (!is_number_arg(obj, "Real"))
+  if (!is_number_arg(obj, true))
     throw nb::type_error((std::string(op) + ": " + name + " must be a number, got " + py_type_name(obj)).c_str());
   // an Integral through int(): exact, and past double's range an OverflowError
   const bool integral = !PyFloat_Check(obj.ptr()) && (PyLong_Check(obj.ptr()) || is_number(obj, "Integral"));
