@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 import attnprep
 import peers
+import torch
 from attnprep import _bench as common
 from attnprep.testing import pack_reference
 
@@ -56,19 +55,25 @@ def run(quick: bool = False, with_peers: bool = True):
             assert torch.equal(o, pack_reference(q, k, v, world)), "pack mismatch"
         families = {}
         if with_peers:
-            families = {"eager": dict(peers.PACK_FORMULATIONS),
-                        "compiled": {name: peers.compiled_static(fn, *sets[0], world)
-                                     for name, fn in peers.PACK_FORMULATIONS.items()},
-                        "triton": {"triton": peers.triton_pack} if peers.triton else {}}
+            families = {
+                "eager": dict(peers.PACK_FORMULATIONS),
+                "compiled": {
+                    name: peers.compiled_static(fn, *sets[0], world) for name, fn in peers.PACK_FORMULATIONS.items()
+                },
+                "triton": {"triton": peers.triton_pack} if peers.triton else {},
+            }
             for fns in families.values():
                 for name, fn in fns.items():
                     for s in sets:
                         peers.check(fn(*s, world), pack_reference(*s, world), name)
         # Every contender in one interleaved loop (common.median_ms_interleaved says why).
-        contenders = [[lambda s=s, o=o: attnprep.pack_qkv_destination_major(*s, world, out=o)
-                       for s, o in zip(sets, outs)], common.copy_fns(nbytes // 2)]
-        contenders += [[lambda s=s, fn=fn: fn(*s, world) for s in sets]
-                       for fns in families.values() for fn in fns.values()]
+        contenders = [
+            [lambda s=s, o=o: attnprep.pack_qkv_destination_major(*s, world, out=o) for s, o in zip(sets, outs)],
+            common.copy_fns(nbytes // 2),
+        ]
+        contenders += [
+            [lambda s=s, fn=fn: fn(*s, world) for s in sets] for fns in families.values() for fn in fns.values()
+        ]
         times = common.median_ms_interleaved(contenders, iters)
         t_ours, t_copy, rest = times[0], times[1], times[2:]
         row = [f"({rows}, {heads}, {dim}, {world}){' fused' if fused else ''}", t_ours * 1e3, 100 * t_copy / t_ours]
@@ -76,14 +81,32 @@ def run(quick: bool = False, with_peers: bool = True):
             best_of = peers.fastest_of(families, rest)
             eager, comp, tri = best_of["eager"], best_of["compiled"], best_of["triton"]
             best_peer = min(comp[1], tri[1], eager[1])
-            row += [comp[1] * 1e3, 100 * t_copy / comp[1], comp[0], tri[1] * 1e3, 100 * t_copy / tri[1],
-                    eager[1] * 1e3, 100 * t_copy / eager[1], eager[0], best_peer / t_ours]
+            row += [
+                comp[1] * 1e3,
+                100 * t_copy / comp[1],
+                comp[0],
+                tri[1] * 1e3,
+                100 * t_copy / tri[1],
+                eager[1] * 1e3,
+                100 * t_copy / eager[1],
+                eager[0],
+                best_peer / t_ours,
+            ]
         table.append(row)
         del sets, outs
     header = ["(rows, heads, head_size, world)", "attnprep us", "% of copy"]
     if with_peers:
-        header += ["torch.compile us", "% of copy", "fastest compiled formulation", "Triton us", "% of copy",
-                   "eager us", "% of copy", "fastest eager formulation", "best peer / attnprep"]
+        header += [
+            "torch.compile us",
+            "% of copy",
+            "fastest compiled formulation",
+            "Triton us",
+            "% of copy",
+            "eager us",
+            "% of copy",
+            "fastest eager formulation",
+            "best peer / attnprep",
+        ]
     common.print_table(f"pack_qkv_destination_major, bf16 ({common.environment()})", header, table)
 
     small = []
@@ -98,14 +121,19 @@ def run(quick: bool = False, with_peers: bool = True):
         row = [rows, times[0], times[1], floor, times[0] / floor]
         if with_peers:
             comp = peers.compiled_static(peers.pack_cat_last, q, k, v, 8)
-            row += [common.graph_replay_us(lambda: comp(q, k, v, 8)),
-                    common.graph_replay_us(lambda: peers.triton_pack(q, k, v, 8)) if peers.triton else float("nan")]
+            row += [
+                common.graph_replay_us(lambda: comp(q, k, v, 8)),
+                common.graph_replay_us(lambda: peers.triton_pack(q, k, v, 8)) if peers.triton else float("nan"),
+            ]
         small.append(row)
     header = ["rows", "attnprep us", "attnprep, PDL off us", "empty kernel us", "attnprep / empty kernel"]
     if with_peers:
         header += ["torch.compile us", "Triton us"]
-    common.print_table(f"CUDA-graph replay per call, (rows, 8, 128, world 8) bf16 "
-                       f"(PDL available: {common.pdl_available()})", header, small)
+    common.print_table(
+        f"CUDA-graph replay per call, (rows, 8, 128, world 8) bf16 (PDL available: {common.pdl_available()})",
+        header,
+        small,
+    )
 
     if not with_peers:
         return

@@ -27,10 +27,9 @@ from __future__ import annotations
 import argparse
 import functools
 
-import torch
-
 import attnprep
 import peers
+import torch
 from attnprep import _bench as common
 
 HQ, HKV, D, POOL, MAXPOS, BASE = 32, 8, 128, 1 << 20, 131072, 10000.0
@@ -90,8 +89,11 @@ def triton_columns(sets, k_pool, v_pool, t, tcopy, replay, norm=()):
     """[us, % of a copy of the same bytes plus the table rows, graph replay us, the warps its autotuner chose]."""
     if t is None:
         return [float("nan")] * len(TRITON_COLUMNS)
-    graph = common.graph_replay_us(lambda: peers.triton_rope_pool(*sets[0], k_pool, v_pool, cos_sin_cache(), *norm)) \
-        if replay else float("nan")
+    graph = (
+        common.graph_replay_us(lambda: peers.triton_rope_pool(*sets[0], k_pool, v_pool, cos_sin_cache(), *norm))
+        if replay
+        else float("nan")
+    )
     return [t * 1e3, 100 * tcopy / t, graph, peers.triton_rope_pool_warps()]
 
 
@@ -100,7 +102,7 @@ def torch_rope(q, k, positions, freqs):
     cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]
 
     def rot(x):
-        a, b = x[..., : D // 2].float(), x[..., D // 2:].float()
+        a, b = x[..., : D // 2].float(), x[..., D // 2 :].float()
         return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(x.dtype)
 
     return rot(q), rot(k)
@@ -113,15 +115,15 @@ def torch_rope_pool(q, k, v, positions, slots, k_pool, v_pool, freqs):
     return q_rot, k_rot
 
 
-
-
 def _quantized(k_rot, v, k_pool, v_pool, k_scale, v_scale):
     """k_rot and v as the pool stores them: divided by the scale, saturated and cast for fp8 pools."""
     if k_scale is None:
         return k_rot, v
     fmax = torch.finfo(k_pool.dtype).max
-    return ((k_rot.float() / k_scale).clamp(-fmax, fmax).to(k_pool.dtype),
-            (v.float() / v_scale).clamp(-fmax, fmax).to(v_pool.dtype))
+    return (
+        (k_rot.float() / k_scale).clamp(-fmax, fmax).to(k_pool.dtype),
+        (v.float() / v_scale).clamp(-fmax, fmax).to(v_pool.dtype),
+    )
 
 
 def torch_rope_paged(q, k, v, positions, slots, k_pool, v_pool, freqs, layout, page, k_scale, v_scale):
@@ -198,8 +200,10 @@ def fastest_compiled(ms, calls, replay):
     return best, tc, graph_c
 
 
-NORM_PEERS = {"model norm, index_copy_": (torch_norm_rope_pool, rms_norm_model),
-              "float32 norm, index_put": (torch_norm_rope_pool_put, rms_norm_f32)}
+NORM_PEERS = {
+    "model norm, index_copy_": (torch_norm_rope_pool, rms_norm_model),
+    "float32 norm, index_put": (torch_norm_rope_pool_put, rms_norm_f32),
+}
 
 
 def run_norm(quick: bool = False, with_peers: bool = True, ts=None):
@@ -219,58 +223,95 @@ def run_norm(quick: bool = False, with_peers: bool = True, ts=None):
             nbytes = T * ((hq + 2 * hkv) * D * 2 + 16) + T * (hq + 3 * hkv) * D * 2
 
             def make():
-                return (torch.randn(T, hq, D, device="cuda", dtype=torch.bfloat16, generator=g),
-                        torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16, generator=g),
-                        torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16, generator=g),
-                        torch.randint(0, MAXPOS, (T,), device="cuda", generator=g),
-                        torch.randperm(POOL, device="cuda", generator=g)[:T])
+                return (
+                    torch.randn(T, hq, D, device="cuda", dtype=torch.bfloat16, generator=g),
+                    torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16, generator=g),
+                    torch.randn(T, hkv, D, device="cuda", dtype=torch.bfloat16, generator=g),
+                    torch.randint(0, MAXPOS, (T,), device="cuda", generator=g),
+                    torch.randperm(POOL, device="cuda", generator=g)[:T],
+                )
 
             sets = [make() for _ in range(common.sets_needed(nbytes))]
             small = T <= 128
-            calls = {"norm": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw) for s in sets],
-                     "rope": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
-                     "norm+cache": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw,
-                                                                         cos_sin_cache=cos_sin_cache())
-                                    for s in sets],
-                     "copy": common.copy_fns(nbytes // 2), "copy+cache": cache_copy_fns(nbytes, T)}
+            calls = {
+                "norm": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw) for s in sets],
+                "rope": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
+                "norm+cache": [
+                    lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw, cos_sin_cache=cos_sin_cache())
+                    for s in sets
+                ],
+                "copy": common.copy_fns(nbytes // 2),
+                "copy+cache": cache_copy_fns(nbytes, T),
+            }
             compiled = {}
             if with_peers:
                 for name, (fn, norm) in NORM_PEERS.items():
                     comp = peers.compiled_static(fn, *sets[0], k_pool, v_pool, freqs, wq, wk, 1e-6, norm)
                     compiled[name] = (comp, norm)
-                    calls[name] = [lambda s=s, comp=comp, norm=norm: comp(*s, k_pool, v_pool, freqs, wq, wk, 1e-6, norm)
-                                   for s in sets]
+                    calls[name] = [
+                        lambda s=s, comp=comp, norm=norm: comp(*s, k_pool, v_pool, freqs, wq, wk, 1e-6, norm)
+                        for s in sets
+                    ]
                 tri_calls = triton_calls(
-                    sets, k_pool, v_pool,
-                    lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw, cos_sin_cache=c)[:2], (wq, wk))
+                    sets,
+                    k_pool,
+                    v_pool,
+                    lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw, cos_sin_cache=c)[:2],
+                    (wq, wk),
+                )
                 if tri_calls is not None:
                     calls["triton"] = tri_calls
             ms = timed(calls, iters)
             t, t_rope, tcopy = ms["norm"], ms["rope"], ms["copy"]
-            graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **nkw)) \
-                if small else float("nan")
+            graph = (
+                common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **nkw))
+                if small
+                else float("nan")
+            )
             graph_copy = common.copy_replay_us(nbytes // 2) if small else float("nan")
-            cached = through_cache(lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw, cos_sin_cache=c),
-                                   sets, ms["norm+cache"], ms["copy+cache"], small)
+            cached = through_cache(
+                lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **nkw, cos_sin_cache=c),
+                sets,
+                ms["norm+cache"],
+                ms["copy+cache"],
+                small,
+            )
             best, tc, graph_c = fastest_compiled(
-                ms, {name: (lambda comp=comp, norm=norm: comp(*sets[0], k_pool, v_pool, freqs, wq, wk, 1e-6, norm))
-                     for name, (comp, norm) in compiled.items()}, small)
-            tri = triton_columns(sets, k_pool, v_pool, ms.get("triton"), ms["copy+cache"], small, (wq, wk)) \
-                if with_peers else [float("nan")] * len(TRITON_COLUMNS)
-            rows.append([f"{hq}/{hkv}", T, t * 1e3, 100 * tcopy / t, t / t_rope, graph, graph_copy] + cached +
-                        [best, tc * 1e3, graph_c, tc / t, graph_c / graph] + tri)
-            print("norm row:", rows[-1], flush=True)  # progress (the table comes at the end)
+                ms,
+                {
+                    name: (lambda comp=comp, norm=norm: comp(*sets[0], k_pool, v_pool, freqs, wq, wk, 1e-6, norm))
+                    for name, (comp, norm) in compiled.items()
+                },
+                small,
+            )
+            tri = (
+                triton_columns(sets, k_pool, v_pool, ms.get("triton"), ms["copy+cache"], small, (wq, wk))
+                if with_peers
+                else [float("nan")] * len(TRITON_COLUMNS)
+            )
+            rows.append(
+                [f"{hq}/{hkv}", T, t * 1e3, 100 * tcopy / t, t / t_rope, graph, graph_copy]
+                + cached
+                + [best, tc * 1e3, graph_c, tc / t, graph_c / graph]
+                + tri
+            )
     common.print_table(
-        f"rope_pool_fused with the QK norm (q_norm_weight, k_norm_weight), bf16, head_dim 128 "
-        f"({common.environment()})",
-        ["heads", "T", "attnprep us", "% of copy", "time / RoPE alone", "graph replay us", "copy graph replay us"] +
-        CACHE_COLUMNS + ["fastest compiled peer", "torch.compile us", "compile graph us", "speed-up vs compile",
-                         "graph speed-up"] + TRITON_COLUMNS, rows)
+        f"rope_pool_fused with the QK norm (q_norm_weight, k_norm_weight), bf16, head_dim 128 ({common.environment()})",
+        ["heads", "T", "attnprep us", "% of copy", "time / RoPE alone", "graph replay us", "copy graph replay us"]
+        + CACHE_COLUMNS
+        + ["fastest compiled peer", "torch.compile us", "compile graph us", "speed-up vs compile", "graph speed-up"]
+        + TRITON_COLUMNS,
+        rows,
+    )
 
 
 # (pool dtype, layout, page size) of the KV-format table
-FORMATS = [(torch.bfloat16, "NHD", 16), (torch.float8_e4m3fn, "NHD", 16), (torch.bfloat16, "HND", 64),
-           (torch.float8_e4m3fn, "HND", 64)]
+FORMATS = [
+    (torch.bfloat16, "NHD", 16),
+    (torch.float8_e4m3fn, "NHD", 16),
+    (torch.bfloat16, "HND", 64),
+    (torch.float8_e4m3fn, "HND", 64),
+]
 
 
 def run_formats(quick: bool = False, with_peers: bool = True, ts=None):
@@ -290,10 +331,15 @@ def run_formats(quick: bool = False, with_peers: bool = True, ts=None):
             # q, k, v, positions, slots read once; q_rot, k_rot written; pool rows written at the pool's size
             nbytes = T * ((HQ + 2 * HKV) * D * 2 + 16) + T * (HQ + HKV) * D * 2 + T * 2 * HKV * D * pool_bytes
             sets = [case(T, g) for _ in range(common.sets_needed(nbytes))]
-            calls = {"op": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
-                     "op+cache": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw,
-                                                                       cos_sin_cache=cos_sin_cache()) for s in sets],
-                     "copy": common.copy_fns(nbytes // 2), "copy+cache": cache_copy_fns(nbytes, T)}
+            calls = {
+                "op": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
+                "op+cache": [
+                    lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=cos_sin_cache())
+                    for s in sets
+                ],
+                "copy": common.copy_fns(nbytes // 2),
+                "copy+cache": cache_copy_fns(nbytes, T),
+            }
             compiled = {}
             if with_peers:
                 ks, vs = scales.get("k_scale"), scales.get("v_scale")
@@ -319,20 +365,42 @@ def run_formats(quick: bool = False, with_peers: bool = True, ts=None):
                     calls[name] = [lambda s=s, comp=comp: comp(*s, *args) for s in sets]
             ms = timed(calls, iters)
             t, tcopy = ms["op"], ms["copy"]
-            graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw)) \
-                if T <= 128 else float("nan")
+            graph = (
+                common.graph_replay_us(lambda: attnprep.rope_pool_fused(*sets[0], k_pool, v_pool, **kw))
+                if T <= 128
+                else float("nan")
+            )
             graph_copy = common.copy_replay_us(nbytes // 2) if T <= 128 else float("nan")
-            cached = through_cache(lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c),
-                                   sets, ms["op+cache"], ms["copy+cache"], T <= 128)
+            cached = through_cache(
+                lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c),
+                sets,
+                ms["op+cache"],
+                ms["copy+cache"],
+                T <= 128,
+            )
             best, tc, graph_c = fastest_compiled(
-                ms, {name: (lambda comp=comp: comp(*sets[0], *args)) for name, comp in compiled.items()}, T <= 128)
-            rows.append([f"{str(pool_dtype).replace('torch.', '')} {layout} page {page}", T, t * 1e3,
-                         100 * tcopy / t, graph, graph_copy] + cached + [best, tc * 1e3, graph_c, tc / t])
-        del k_pool, v_pool
+                ms, {name: (lambda comp=comp: comp(*sets[0], *args)) for name, comp in compiled.items()}, T <= 128
+            )
+            rows.append(
+                [
+                    f"{str(pool_dtype).replace('torch.', '')} {layout} page {page}",
+                    T,
+                    t * 1e3,
+                    100 * tcopy / t,
+                    graph,
+                    graph_copy,
+                ]
+                + cached
+                + [best, tc * 1e3, graph_c, tc / t]
+            )
+        k_pool = v_pool = None  # freed before the next format's pools
     common.print_table(
         f"rope_pool_fused into paged and fp8 caches, bf16 q/k/v, 32/8 heads, head_dim 128 ({common.environment()})",
-        ["pool", "T", "attnprep us", "% of copy", "graph replay us", "copy graph replay us"] + CACHE_COLUMNS +
-        ["fastest compiled peer", "torch.compile us", "compile graph us", "speed-up vs compile"], rows)
+        ["pool", "T", "attnprep us", "% of copy", "graph replay us", "copy graph replay us"]
+        + CACHE_COLUMNS
+        + ["fastest compiled peer", "torch.compile us", "compile graph us", "speed-up vs compile"],
+        rows,
+    )
 
 
 def case(T, g):
@@ -361,24 +429,37 @@ def run(quick: bool = False, ts=None, with_peers: bool = True):
             ref_q = torch_rope(s[0], s[1], s[3], freqs)[0]
             err = ((q_rot.float() - ref_q.float()).abs().max() / ref_q.float().abs().max()).item()
             assert err < 2e-2, f"q_rot differs from the plain-PyTorch composition by {err}"
-        calls = {"op": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
-                 "op+cache": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw,
-                                                                   cos_sin_cache=cos_sin_cache()) for s in sets],
-                 "copy": common.copy_fns(nbytes // 2), "copy+cache": cache_copy_fns(nbytes, T)}
+        calls = {
+            "op": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
+            "op+cache": [
+                lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=cos_sin_cache())
+                for s in sets
+            ],
+            "copy": common.copy_fns(nbytes // 2),
+            "copy+cache": cache_copy_fns(nbytes, T),
+        }
         if with_peers:
             compiled = peers.compiled_static(torch_rope_pool, *sets[0], k_pool, v_pool, freqs)
             calls["eager"] = [lambda s=s: torch_rope_pool(*s, k_pool, v_pool, freqs) for s in sets]
             calls["compiled"] = [lambda s=s: compiled(*s, k_pool, v_pool, freqs) for s in sets]
             tri_calls = triton_calls(
-                sets, k_pool, v_pool,
-                lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c)[:2])
+                sets,
+                k_pool,
+                v_pool,
+                lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c)[:2],
+            )
             if tri_calls is not None:
                 calls["triton"] = tri_calls
         ms = timed(calls, iters)
         t, tcopy = ms["op"], ms["copy"]
         te, tc = ms.get("eager", float("nan")), ms.get("compiled", float("nan"))
-        cached = through_cache(lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c),
-                               sets, ms["op+cache"], ms["copy+cache"], T <= 512)
+        cached = through_cache(
+            lambda s, c: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=c),
+            sets,
+            ms["op+cache"],
+            ms["copy+cache"],
+            T <= 512,
+        )
         graph = graph_off = graph_c = graph_copy = float("nan")
         if T <= 512:
             s = sets[0]
@@ -388,23 +469,36 @@ def run(quick: bool = False, ts=None, with_peers: bool = True):
                 graph_off = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw))
             if with_peers:
                 graph_c = common.graph_replay_us(lambda: compiled(*s, k_pool, v_pool, freqs))
-        tri = triton_columns(sets, k_pool, v_pool, ms.get("triton"), ms["copy+cache"], T <= 512) \
-            if with_peers else [float("nan")] * len(TRITON_COLUMNS)
-        rows.append([T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, graph_off, graph_copy] + cached +
-                    [tc * 1e3, 100 * tcopy / tc, graph_c, te * 1e3, tc / t] + tri)
+        tri = (
+            triton_columns(sets, k_pool, v_pool, ms.get("triton"), ms["copy+cache"], T <= 512)
+            if with_peers
+            else [float("nan")] * len(TRITON_COLUMNS)
+        )
+        rows.append(
+            [T, t * 1e3, common.gbps(nbytes, t), 100 * tcopy / t, graph, graph_off, graph_copy]
+            + cached
+            + [tc * 1e3, 100 * tcopy / tc, graph_c, te * 1e3, tc / t]
+            + tri
+        )
     common.print_table(
         f"rope_pool_fused, bf16, 32/8 heads, head_dim 128 ({common.environment()}, "
         f"PDL available: {common.pdl_available()})",
-        ["T", "attnprep us", "GB/s", "% of copy", "graph replay us", "graph replay, PDL off us", "copy graph replay us"] +
-        CACHE_COLUMNS + ["torch.compile us", "compile % of copy", "compile graph us", "eager us",
-                         "speed-up vs compile"] + TRITON_COLUMNS, rows)
+        ["T", "attnprep us", "GB/s", "% of copy", "graph replay us", "graph replay, PDL off us", "copy graph replay us"]
+        + CACHE_COLUMNS
+        + ["torch.compile us", "compile % of copy", "compile graph us", "eager us", "speed-up vs compile"]
+        + TRITON_COLUMNS,
+        rows,
+    )
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--ts", type=lambda s: [int(x) for x in s.split(",")],
-                   help="token counts of every table run, e.g. 1,128,8192 (default: each table's own)")
+    p.add_argument(
+        "--ts",
+        type=lambda s: [int(x) for x in s.split(",")],
+        help="token counts of every table run, e.g. 1,128,8192 (default: each table's own)",
+    )
     p.add_argument("--no-peers", action="store_true", help="attnprep only (tuning runs)")
     p.add_argument("--only", choices=["rope", "formats", "norm"], help="one table")
     a = p.parse_args()

@@ -59,7 +59,6 @@ os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
 from attnprep import ulysses  # noqa: E402
 
 SHAPES = [(41984, 56, 128), (75600, 40, 128), (65536, 24, 128)]
@@ -126,8 +125,7 @@ def input_side_rows(world, device, dtype, rows, heads, dim, iters):
     hidden = heads * dim
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=g)
-    w = [torch.randn(heads * dim, hidden, device=device, dtype=dtype, generator=g) * hidden ** -0.5
-         for _ in range(3)]
+    w = [torch.randn(heads * dim, hidden, device=device, dtype=dtype, generator=g) * hidden**-0.5 for _ in range(3)]
     proj = ulysses.UlyssesQKVProjection.from_weights(*w, world, dim, validate=False)
     w_qkv = torch.cat(w)  # the plain projection, q | k | v
 
@@ -169,8 +167,9 @@ def overlap_rows(world, device, dtype, rows, heads, dim, causal, iters, priority
     q, k, v = (torch.randn(rows, heads, dim, device=device, dtype=dtype, generator=g) for _ in range(3))
     ql, kl, vl = ulysses.scatter_heads(q, k, v, validate=False)
     attn = ulysses.sdpa(causal)
-    t_x = timed(lambda: ulysses.gather_heads(ulysses.scatter_heads(q, k, v, validate=False)[0], validate=False),
-                device, iters)
+    t_x = timed(
+        lambda: ulysses.gather_heads(ulysses.scatter_heads(q, k, v, validate=False)[0], validate=False), device, iters
+    )
 
     def layer(chunks, group=None):
         return lambda: ulysses.ulysses_attention(q, k, v, group, causal=causal, validate=False, chunks=chunks)
@@ -180,10 +179,16 @@ def overlap_rows(world, device, dtype, rows, heads, dim, causal, iters, priority
         kstep = kl.shape[1] // chunks if kl.shape[1] >= chunks else 0
         for c in range(chunks):
             kv = slice(c * kstep, (c + 1) * kstep) if kstep else slice(None)
-            attn(ql[:, c * step:(c + 1) * step], kl[:, kv], vl[:, kv])
+            attn(ql[:, c * step : (c + 1) * step], kl[:, kv], vl[:, kv])
 
-    fns = [lambda: attn(ql, kl, vl), layer(1), layer(2), layer(4), layer(4, priority_group),
-           lambda: attention_in_chunks(4)]
+    fns = [
+        lambda: attn(ql, kl, vl),
+        layer(1),
+        layer(2),
+        layer(4),
+        layer(4, priority_group),
+        lambda: attention_in_chunks(4),
+    ]
     return [t_x] + timed_together(fns, device, iters)
 
 
@@ -198,8 +203,9 @@ def _layer_setup(device, dtype, rows, heads, dim, causal):
     attn = ulysses.sdpa(causal)
 
     def layer(chunks, transport, attn_fn=None):
-        return lambda: ulysses.ulysses_attention(q, k, v, attn_fn=attn_fn, causal=causal, validate=False,
-                                                 chunks=chunks, transport=transport)
+        return lambda: ulysses.ulysses_attention(
+            q, k, v, attn_fn=attn_fn, causal=causal, validate=False, chunks=chunks, transport=transport
+        )
 
     layer.inputs = (q, k, v)
     return (lambda: attn(ql, kl, vl)), layer
@@ -215,8 +221,15 @@ def copy_engine_rows(world, device, dtype, rows, heads, dim, causal, iters):
     NCCL (1 chunk), and the layer through the copy engines with 1, 2 and 4
     chunks."""
     attention, layer = _layer_setup(device, dtype, rows, heads, dim, causal)
-    fns = [attention, layer(1, "nccl", _identity), layer(1, "copy_engine", _identity),
-           layer(1, "nccl"), layer(1, "copy_engine"), layer(2, "copy_engine"), layer(4, "copy_engine")]
+    fns = [
+        attention,
+        layer(1, "nccl", _identity),
+        layer(1, "copy_engine", _identity),
+        layer(1, "nccl"),
+        layer(1, "copy_engine"),
+        layer(2, "copy_engine"),
+        layer(4, "copy_engine"),
+    ]
     return timed_together(fns, device, iters)
 
 
@@ -226,8 +239,7 @@ def copy_engine_graph_rows(world, device, dtype, rows, heads, dim, causal, iters
     captured model: ms of attention alone, the NCCL exchange alone, the NCCL
     layer (1 chunk), and the copy-engine layer with 2 and 4 chunks."""
     attention, layer = _layer_setup(device, dtype, rows, heads, dim, causal)
-    fns = [attention, layer(1, "nccl", _identity), layer(1, "nccl"), layer(2, "copy_engine"),
-           layer(4, "copy_engine")]
+    fns = [attention, layer(1, "nccl", _identity), layer(1, "nccl"), layer(2, "copy_engine"), layer(4, "copy_engine")]
     return timed_together([_captured(fn) for fn in fns], device, iters)
 
 
@@ -270,8 +282,13 @@ def edge_plan(local_q: int, edge: int):
     return (local_q,) if local_q < 3 * edge else (edge, local_q - 2 * edge, edge)
 
 
-PLAN_VARIANTS = ["nccl, 1 chunk", "copy engines, 4 equal chunks", "edge plan, 1 kv group", "edge plan, 2 kv groups",
-                 "auto (growing plan)"]
+PLAN_VARIANTS = [
+    "nccl, 1 chunk",
+    "copy engines, 4 equal chunks",
+    "edge plan, 1 kv group",
+    "edge plan, 2 kv groups",
+    "auto (growing plan)",
+]
 
 
 def plan_rows(world, device, dtype, rows, heads, dim, causal, iters):
@@ -292,13 +309,14 @@ def plan_rows(world, device, dtype, rows, heads, dim, causal, iters):
 
     def edge(groups):
         plan = edge_plan(local, groups)
-        checked = ulysses._checked(ulysses.sdpa(causal))
+        checked = ulysses.layer._checked(ulysses.sdpa(causal))
         return lambda: _peer.attention(*layer.inputs, None, checked, plan)
 
     def attention_in_plan(plan):  # no exchange: what the plan's split costs attention, chunks on two streams
         g = torch.Generator(device=device).manual_seed(2)
-        parts = [[torch.randn(world * rows, h, dim, device=device, dtype=dtype, generator=g) for _ in range(3)]
-                 for h in plan]
+        parts = [
+            [torch.randn(world * rows, h, dim, device=device, dtype=dtype, generator=g) for _ in range(3)] for h in plan
+        ]
         attn, side = ulysses.sdpa(causal), torch.cuda.Stream(device)
 
         def run():
@@ -308,10 +326,19 @@ def plan_rows(world, device, dtype, rows, heads, dim, causal, iters):
                 with torch.cuda.stream(main if c % 2 == 0 else side):
                     attn(q, k, v)
             main.wait_stream(side)
+
         return run
 
-    fns = [attention, layer(1, "nccl", _identity), attention_in_plan(_peer.auto_plan(local, local, True, world * rows)),
-           layer(1, "nccl"), layer(4, "copy_engine"), edge(1), edge(2), layer("auto", "copy_engine")]
+    fns = [
+        attention,
+        layer(1, "nccl", _identity),
+        attention_in_plan(_peer.auto_plan(local, local, True, world * rows)),
+        layer(1, "nccl"),
+        layer(4, "copy_engine"),
+        edge(1),
+        edge(2),
+        layer("auto", "copy_engine"),
+    ]
     times, mine = replays_timed_in_turn([_captured(fn) for fn in fns], iters)
     t_x = statistics.median(times[1])
     exposed = {name: [(t - a) / t_x for t, a in zip(times[3 + n], times[0])] for n, name in enumerate(PLAN_VARIANTS)}
@@ -342,18 +369,20 @@ def fp8_rows(world, device, dtype, rows, heads, dim, iters):
     n8 = rows * 3 * heads // world * (dim + 4)  # fp8 values and one float32 scale per head block
     send8 = torch.empty(world, n8, device=device, dtype=torch.uint8)
     recv8 = torch.empty_like(send8)
-    wire = ulysses._pack_wire(q, k, v, world, f8)
-    shape, n = ulysses._send_layout(q, k, world)
+    wire = ulysses.exchange._pack_wire(q, k, v, world, f8)
+    shape, n = ulysses.exchange._send_layout(q, k, world)
     plain = torch.empty(shape, dtype=dtype, device=device).view(world, rows, n, dim)
-    return (timed(lambda: ulysses._pack_wire(q, k, v, world, f8), device, iters),
-            timed(lambda: ulysses._dequantize_into(wire, plain, f8), device, iters),
-            timed(lambda: ulysses.scatter_heads(q, k, v, validate=False), device, iters),
-            timed(lambda: ulysses.scatter_heads(q, k, v, validate=False, wire_dtype=f8), device, iters),
-            timed(lambda: ulysses.gather_heads(o, validate=False), device, iters),
-            timed(lambda: ulysses.gather_heads(o, wire_dtype=f8, validate=False), device, iters),
-            timed(lambda: dist.all_to_all_single(recv16, send16), device, iters),
-            timed(lambda: dist.all_to_all_single(recv8, send8), device, iters),
-            timed(lambda: recv16.copy_(send16), device, iters))
+    return (
+        timed(lambda: ulysses.exchange._pack_wire(q, k, v, world, f8), device, iters),
+        timed(lambda: ulysses.wire._dequantize_into(wire, plain, f8), device, iters),
+        timed(lambda: ulysses.scatter_heads(q, k, v, validate=False), device, iters),
+        timed(lambda: ulysses.scatter_heads(q, k, v, validate=False, wire_dtype=f8), device, iters),
+        timed(lambda: ulysses.gather_heads(o, validate=False), device, iters),
+        timed(lambda: ulysses.gather_heads(o, wire_dtype=f8, validate=False), device, iters),
+        timed(lambda: dist.all_to_all_single(recv16, send16), device, iters),
+        timed(lambda: dist.all_to_all_single(recv8, send8), device, iters),
+        timed(lambda: recv16.copy_(send16), device, iters),
+    )
 
 
 def overlap_cases(shapes, world):
@@ -377,72 +406,99 @@ def extra_tables(rank, world, device, dtype, a):
     iters = 3 if a.smoke else 10
     out = []
     if "input" in a.parts:
-        out += ["\n| (rows per rank, heads, head_dim) | pack-free projection + a2a ms | projection + pack + a2a ms | "
-                "projection + 3 permutes + 3 a2a ms | speed-up vs pack | speed-up vs 3 a2a | projection GEMM alone ms |",
-                "|---|---|---|---|---|---|---|"]
+        out += [
+            "\n| (rows per rank, heads, head_dim) | pack-free projection + a2a ms | projection + pack + a2a ms | "
+            "projection + 3 permutes + 3 a2a ms | speed-up vs pack | speed-up vs 3 a2a | projection GEMM alone ms |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for rows, heads, dim in shapes:
             t_free, t_pack, t_three, t_gemm = input_side_rows(world, device, dtype, rows, heads, dim, iters)
-            out.append(f"| ({rows}, {heads}, {dim}) | {t_free:.3f} | {t_pack:.3f} | {t_three:.3f} | "
-                       f"{t_pack / t_free:.2f}x | {t_three / t_free:.2f}x | {t_gemm:.3f} |")
+            out.append(
+                f"| ({rows}, {heads}, {dim}) | {t_free:.3f} | {t_pack:.3f} | {t_three:.3f} | "
+                f"{t_pack / t_free:.2f}x | {t_three / t_free:.2f}x | {t_gemm:.3f} |"
+            )
     if "overlap" in a.parts:
-        out += ["\n| (rows per rank, heads, head_dim) | causal | attention alone ms | exchange alone (in + out) ms | "
-                "exposed: 1 chunk | 2 chunks | 4 chunks | 4 chunks, high-priority NCCL streams | "
-                "attention alone in 4 head chunks ms |",
-                "|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            "\n| (rows per rank, heads, head_dim) | causal | attention alone ms | exchange alone (in + out) ms | "
+            "exposed: 1 chunk | 2 chunks | 4 chunks | 4 chunks, high-priority NCCL streams | "
+            "attention alone in 4 head chunks ms |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         priority = None
         if a.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options.is_high_priority_stream = True
             priority = dist.new_group(backend="nccl", pg_options=options)
         for rows, heads, dim, causal in overlap_cases(shapes, world):
-            t_x, t_attn, *layers, t_split = overlap_rows(world, device, dtype, rows, heads, dim, causal,
-                                                         2 if a.smoke else 7, priority)
-            out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | "
-                       f"{exposed(layers, t_attn, t_x)} | {t_split:.2f} |")
+            t_x, t_attn, *layers, t_split = overlap_rows(
+                world, device, dtype, rows, heads, dim, causal, 2 if a.smoke else 7, priority
+            )
+            out.append(
+                f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | "
+                f"{exposed(layers, t_attn, t_x)} | {t_split:.2f} |"
+            )
     if "ce" in a.parts and a.backend == "nccl":
-        out += ["\n| (rows per rank, heads, head_dim) | causal | attention alone ms | exchange alone, NCCL ms | "
-                "exchange alone, copy engines ms | exposed (of the NCCL exchange): NCCL, 1 chunk | copy engines, 1 chunk | "
-                "2 chunks | 4 chunks |",
-                "|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            "\n| (rows per rank, heads, head_dim) | causal | attention alone ms | exchange alone, NCCL ms | "
+            "exchange alone, copy engines ms | exposed (of the NCCL exchange): NCCL, 1 chunk | copy engines, 1 chunk | "
+            "2 chunks | 4 chunks |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for rows, heads, dim, causal in overlap_cases(shapes, world):
-            t_attn, t_x, t_ce, *layers = copy_engine_rows(world, device, dtype, rows, heads, dim, causal,
-                                                          2 if a.smoke else 7)
-            out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {t_ce:.2f} | "
-                       f"{exposed(layers, t_attn, t_x)} |")
+            t_attn, t_x, t_ce, *layers = copy_engine_rows(
+                world, device, dtype, rows, heads, dim, causal, 2 if a.smoke else 7
+            )
+            out.append(
+                f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {t_ce:.2f} | "
+                f"{exposed(layers, t_attn, t_x)} |"
+            )
     if "ce_graph" in a.parts and a.backend == "nccl":
-        out += ["\n| (rows per rank, heads, head_dim) | causal | graphs: attention alone ms | NCCL exchange alone ms | "
-                "exposed (of the NCCL exchange): NCCL, 1 chunk | copy engines, 2 chunks | 4 chunks |",
-                "|---|---|---|---|---|---|---|"]
+        out += [
+            "\n| (rows per rank, heads, head_dim) | causal | graphs: attention alone ms | NCCL exchange alone ms | "
+            "exposed (of the NCCL exchange): NCCL, 1 chunk | copy engines, 2 chunks | 4 chunks |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for rows, heads, dim, causal in overlap_cases(shapes, world):
-            t_attn, t_x, *layers = copy_engine_graph_rows(world, device, dtype, rows, heads, dim, causal,
-                                                          2 if a.smoke else 7)
-            out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | "
-                       f"{exposed(layers, t_attn, t_x)} |")
+            t_attn, t_x, *layers = copy_engine_graph_rows(
+                world, device, dtype, rows, heads, dim, causal, 2 if a.smoke else 7
+            )
+            out.append(
+                f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | {t_x:.2f} | {exposed(layers, t_attn, t_x)} |"
+            )
             torch.cuda.empty_cache()
     if "plans" in a.parts and a.backend == "nccl":
-        out += ["\n| (rows per rank, heads, head_dim) | causal | graphs: attention alone, slowest rank ms | "
-                "each rank's own ms | NCCL exchange alone ms | attention alone in the \"auto\" chunks ms | "
-                "exposed (of the NCCL exchange), median (min to max) over iterations: " + " | ".join(PLAN_VARIANTS)
-                + " |",
-                "|---|---|---|---|---|---|" + "---|" * len(PLAN_VARIANTS)]
+        out += [
+            "\n| (rows per rank, heads, head_dim) | causal | graphs: attention alone, slowest rank ms | "
+            'each rank\'s own ms | NCCL exchange alone ms | attention alone in the "auto" chunks ms | '
+            "exposed (of the NCCL exchange), median (min to max) over iterations: " + " | ".join(PLAN_VARIANTS) + " |",
+            "|---|---|---|---|---|---|" + "---|" * len(PLAN_VARIANTS),
+        ]
         for rows, heads, dim, causal in overlap_cases(shapes, world):
-            t_attn, each, t_x, t_split, exposed_by = plan_rows(world, device, dtype, rows, heads, dim, causal,
-                                                               2 if a.smoke else a.iters)
-            out.append(f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | "
-                       f"{' / '.join(f'{t:.2f}' for t in each)} | {t_x:.2f} | {t_split:.2f} | "
-                       + " | ".join(spread(exposed_by[name]) for name in PLAN_VARIANTS) + " |")
+            t_attn, each, t_x, t_split, exposed_by = plan_rows(
+                world, device, dtype, rows, heads, dim, causal, 2 if a.smoke else a.iters
+            )
+            out.append(
+                f"| ({rows}, {heads}, {dim}) | {causal} | {t_attn:.2f} | "
+                f"{' / '.join(f'{t:.2f}' for t in each)} | {t_x:.2f} | {t_split:.2f} | "
+                + " | ".join(spread(exposed_by[name]) for name in PLAN_VARIANTS)
+                + " |"
+            )
             torch.cuda.empty_cache()
     if "fp8" in a.parts:
-        out += ["\n| (rows per rank, heads, head_dim) | in: bf16 ms | in: fp8 wire ms | in speed-up | out: bf16 ms | "
-                "out: fp8 wire ms | out speed-up | a2a alone, bf16 / fp8 bytes ms | copy ms | floor speed-up | "
-                "pack + quantize / dequantize alone ms |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            "\n| (rows per rank, heads, head_dim) | in: bf16 ms | in: fp8 wire ms | in speed-up | out: bf16 ms | "
+            "out: fp8 wire ms | out speed-up | a2a alone, bf16 / fp8 bytes ms | copy ms | floor speed-up | "
+            "pack + quantize / dequantize alone ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for rows, heads, dim in shapes:
             pq, dq, i16, i8, o16, o8, a16, a8, cp = fp8_rows(world, device, dtype, rows, heads, dim, iters)
             floor = (cp + a16) / (1.5 * cp + a8)
-            out.append(f"| ({rows}, {heads}, {dim}) | {i16:.3f} | {i8:.3f} | {i16 / i8:.2f}x | {o16:.3f} | "
-                       f"{o8:.3f} | {o16 / o8:.2f}x | {a16:.3f} / {a8:.3f} | {cp:.3f} | {floor:.2f}x | "
-                       f"{pq:.3f} / {dq:.3f} |")
+            out.append(
+                f"| ({rows}, {heads}, {dim}) | {i16:.3f} | {i8:.3f} | {i16 / i8:.2f}x | {o16:.3f} | "
+                f"{o8:.3f} | {o16 / o8:.2f}x | {a16:.3f} / {a8:.3f} | {cp:.3f} | {floor:.2f}x | "
+                f"{pq:.3f} / {dq:.3f} |"
+            )
     if rank == 0 and out:
         print("\n".join(out))
 
@@ -450,9 +506,12 @@ def extra_tables(rank, world, device, dtype, a):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--backend", default="nccl")
-    p.add_argument("--parts", default="exchange,input,overlap,fp8,ce,ce_graph",
-                   help="comma-separated: exchange (tables 1-2), input, overlap, fp8, ce (copy-engine transport), "
-                        "ce_graph (the same under CUDA-graph replay), plans (copy-engine chunk plans, graphs, paired by iteration)")
+    p.add_argument(
+        "--parts",
+        default="exchange,input,overlap,fp8,ce,ce_graph",
+        help="comma-separated: exchange (tables 1-2), input, overlap, fp8, ce (copy-engine transport), "
+        "ce_graph (the same under CUDA-graph replay), plans (copy-engine chunk plans, graphs, paired by iteration)",
+    )
     p.add_argument("--smoke", action="store_true", help="small shapes (script check on CPU)")
     p.add_argument("--iters", type=int, default=9, help="iterations of the plans table")
     p.add_argument("--shapes", default="", help="rows,heads,dim;... (rows per rank) instead of the issue's shapes")
@@ -510,18 +569,24 @@ def exchange_tables(rank, world, device, dtype, a):
         t_out = timed(lambda: ulysses.gather_heads(o, validate=False), device)
         t_out_base = timed(lambda: baseline_out(o, world), device)
         # the local copies alone, no exchange: where the difference comes from
-        t_pack = timed(lambda: ulysses._pack(q, k, v, world), device)
+        t_pack = timed(lambda: ulysses.exchange._pack(q, k, v, world), device)
         t_perm = timed(lambda: [destination_major(t, world) for t in (q, k, v)], device)
-        rows_out.append(f"| ({rows_g}, {heads}, {dim}) | {t_in:.3f} | {t_in_base:.3f} | {t_in_base / t_in:.2f}x | "
-                        f"{t_out:.3f} | {t_out_base:.3f} | {t_out_base / t_out:.2f}x | "
-                        f"{t_pack:.3f} | {t_perm:.3f} |")
+        rows_out.append(
+            f"| ({rows_g}, {heads}, {dim}) | {t_in:.3f} | {t_in_base:.3f} | {t_in_base / t_in:.2f}x | "
+            f"{t_out:.3f} | {t_out_base:.3f} | {t_out_base / t_out:.2f}x | "
+            f"{t_pack:.3f} | {t_perm:.3f} |"
+        )
     if rank == 0:
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if a.backend == "nccl" else "-"
-        print(f"\n### Ulysses exchange, {world} x {torch.cuda.get_device_name() if a.backend == 'nccl' else 'cpu'}"
-              f" | torch {torch.__version__} | NCCL {nccl} | {time.strftime('%Y-%m-%d')}\n")
+        print(
+            f"\n### Ulysses exchange, {world} x {torch.cuda.get_device_name() if a.backend == 'nccl' else 'cpu'}"
+            f" | torch {torch.__version__} | NCCL {nccl} | {time.strftime('%Y-%m-%d')}\n"
+        )
         print("\n".join(lines))
-        print("\n| (global rows, heads, head_dim) | in: attnprep ms | in: 3x permute+a2a ms | in speed-up |"
-              " out: attnprep ms | out: a2a+permute ms | out speed-up | pack alone ms | 3 permutes alone ms |")
+        print(
+            "\n| (global rows, heads, head_dim) | in: attnprep ms | in: 3x permute+a2a ms | in speed-up |"
+            " out: attnprep ms | out: a2a+permute ms | out speed-up | pack alone ms | 3 permutes alone ms |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         print("\n".join(rows_out))
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import math
 
-import torch
-
 import attnprep
 import peers
+import torch
 from attnprep import _bench as common
 from attnprep.testing import merge_reference
 
@@ -32,9 +31,11 @@ def run(quick: bool = False):
         xs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(common.sets_needed(nbytes))]
         for x in xs:
             assert torch.equal(attnprep.usp_merge_heads(x), merge_reference(x)), "merge mismatch"
-        families = {"eager": dict(peers.MERGE_FORMULATIONS),
-                    "compiled": {k: peers.compiled_static(f, xs[0]) for k, f in peers.MERGE_FORMULATIONS.items()},
-                    "triton": {"triton": peers.triton_merge} if peers.triton else {}}
+        families = {
+            "eager": dict(peers.MERGE_FORMULATIONS),
+            "compiled": {k: peers.compiled_static(f, xs[0]) for k, f in peers.MERGE_FORMULATIONS.items()},
+            "triton": {"triton": peers.triton_merge} if peers.triton else {},
+        }
         for fns in families.values():
             for name, fn in fns.items():
                 for x in xs:
@@ -47,12 +48,38 @@ def run(quick: bool = False):
         best_of = peers.fastest_of(families, rest)
         eager, comp, tri = best_of["eager"], best_of["compiled"], best_of["triton"]
         best = min(comp[1], tri[1], eager[1])
-        rows.append([str(shape), t * 1e3, 100 * tcopy / t, comp[1] * 1e3, 100 * tcopy / comp[1], comp[0],
-                     tri[1] * 1e3, 100 * tcopy / tri[1], eager[1] * 1e3, 100 * tcopy / eager[1], best / t])
-    common.print_table(f"usp_merge_heads, bf16 ({common.environment()})",
-                       ["(W, S, B, h, D)", "attnprep us", "% of copy", "torch.compile us", "% of copy",
-                        "fastest compiled formulation", "Triton us", "% of copy", "eager us", "% of copy",
-                        "best peer / attnprep"], rows)
+        rows.append(
+            [
+                str(shape),
+                t * 1e3,
+                100 * tcopy / t,
+                comp[1] * 1e3,
+                100 * tcopy / comp[1],
+                comp[0],
+                tri[1] * 1e3,
+                100 * tcopy / tri[1],
+                eager[1] * 1e3,
+                100 * tcopy / eager[1],
+                best / t,
+            ]
+        )
+    common.print_table(
+        f"usp_merge_heads, bf16 ({common.environment()})",
+        [
+            "(W, S, B, h, D)",
+            "attnprep us",
+            "% of copy",
+            "torch.compile us",
+            "% of copy",
+            "fastest compiled formulation",
+            "Triton us",
+            "% of copy",
+            "eager us",
+            "% of copy",
+            "best peer / attnprep",
+        ],
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -132,8 +132,24 @@ if triton is not None:
 
     @triton.autotune(configs=_configs(), key=["n", "DIM"])
     @triton.jit
-    def _pack_kernel(q, k, v, out, n, rows, local, q_rs, q_hs, k_rs, k_hs, v_rs, v_hs,
-                     DIM: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    def _pack_kernel(
+        q,
+        k,
+        v,
+        out,
+        n,
+        rows,
+        local,
+        q_rs,
+        q_hs,
+        k_rs,
+        k_hs,
+        v_rs,
+        v_hs,
+        DIM: tl.constexpr,
+        BLOCK: tl.constexpr,
+        WIDE: tl.constexpr,
+    ):
         # out[d, r, h, j * DIM + e] = (q, k, v)[j][r, d * local + h, e]
         i, m = _flat_block(n, BLOCK, WIDE)
         e = i % DIM
@@ -151,8 +167,7 @@ if triton is not None:
 
     @triton.autotune(configs=_configs(), key=["n", "DIM"])
     @triton.jit
-    def _merge_kernel(x, out, n, W, S, H, sw, ss, sb, sh, DIM: tl.constexpr, BLOCK: tl.constexpr,
-                      WIDE: tl.constexpr):
+    def _merge_kernel(x, out, n, W, S, H, sw, ss, sb, sh, DIM: tl.constexpr, BLOCK: tl.constexpr, WIDE: tl.constexpr):
         # out[b, s, w, h, e] = x[w, s, b, h, e]
         i, m = _flat_block(n, BLOCK, WIDE)
         e = i % DIM
@@ -169,8 +184,9 @@ if triton is not None:
 
 def _wide(*ts) -> bool:
     """int64 indices where an element offset may not fit in int32."""
-    return any(t.numel() == 0 or max((s - 1) * st for s, st in zip(t.shape, t.stride())) + t.numel() >= 2**31
-               for t in ts)
+    return any(
+        t.numel() == 0 or max((s - 1) * st for s, st in zip(t.shape, t.stride())) + t.numel() >= 2**31 for t in ts
+    )
 
 
 def triton_pack(q, k, v, w):
@@ -178,8 +194,22 @@ def triton_pack(q, k, v, w):
     out = torch.empty((w, rows, heads // w, 3 * dim), dtype=q.dtype, device=q.device)
     n = out.numel()
     _pack_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](
-        q, k, v, out, n, rows, heads // w, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-        v.stride(1), DIM=dim, WIDE=_wide(q, k, v, out))
+        q,
+        k,
+        v,
+        out,
+        n,
+        rows,
+        heads // w,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        DIM=dim,
+        WIDE=_wide(q, k, v, out),
+    )
     return out
 
 
@@ -189,7 +219,8 @@ def triton_merge(x):
     out = torch.empty((B, S, W, H, D), dtype=x.dtype, device=x.device)
     n = out.numel()
     _merge_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](
-        x, out, n, W, S, H, x.stride(0), x.stride(1), x.stride(2), x.stride(3), DIM=D, WIDE=_wide(x, out))
+        x, out, n, W, S, H, x.stride(0), x.stride(1), x.stride(2), x.stride(3), DIM=D, WIDE=_wide(x, out)
+    )
     return out
 
 
@@ -220,8 +251,26 @@ if triton is not None:
 
     @triton.autotune(configs=[triton.Config({}, num_warps=w) for w in (2, 4, 8)], key=["T", "HQ", "HKV", "HALF"])
     @triton.jit
-    def _rope_pool_kernel(q, k, v, positions, slots, k_pool, v_pool, cache, q_out, k_out, wq, wk, eps, T,
-                          HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr):
+    def _rope_pool_kernel(
+        q,
+        k,
+        v,
+        positions,
+        slots,
+        k_pool,
+        v_pool,
+        cache,
+        q_out,
+        k_out,
+        wq,
+        wk,
+        eps,
+        T,
+        HQ: tl.constexpr,
+        HKV: tl.constexpr,
+        HALF: tl.constexpr,
+        NORM: tl.constexpr,
+    ):
         t = tl.program_id(0).to(tl.int64)
         pos = tl.load(positions + t).to(tl.int64)
         slot = tl.load(slots + t).to(tl.int64)
@@ -256,7 +305,24 @@ def triton_rope_pool(q, k, v, positions, slots, k_pool, v_pool, cache, wq=None, 
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     norm = wq is not None
     if T:
-        _rope_pool_kernel[(T,)](q, k, v, positions, slots, k_pool, v_pool, cache, q_out, k_out,
-                                wq if norm else q, wk if norm else k, eps, T, HQ=hq, HKV=hkv, HALF=d // 2,
-                                NORM=norm)
+        _rope_pool_kernel[(T,)](
+            q,
+            k,
+            v,
+            positions,
+            slots,
+            k_pool,
+            v_pool,
+            cache,
+            q_out,
+            k_out,
+            wq if norm else q,
+            wk if norm else k,
+            eps,
+            T,
+            HQ=hq,
+            HKV=hkv,
+            HALF=d // 2,
+            NORM=norm,
+        )
     return q_out, k_out

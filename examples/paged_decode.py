@@ -10,7 +10,8 @@ Requests of different lengths join and finish at different steps
 (continuous batching); a small page allocator hands out and takes back
 cache pages. Greedy decoding.
 
-    python examples/paged_decode.py                     # small random Llama and Qwen3, on the GPU
+    python examples/paged_decode.py                     # small random models of each family, on the GPU
+    python examples/paged_decode.py --device cpu        # the same loop on the plain-torch reference backend
     python examples/paged_decode.py --model /path/to/checkpoint
 
 ``backend="reference"`` runs the RoPE + cache write in plain torch
@@ -24,14 +25,15 @@ projection, partial rotary) and GPT-J (GPT-J pairs, partial rotary).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+import attnprep
 import torch
 import torch.nn.functional as F
-
-import attnprep
 from attnprep.testing import cos_sin, rope_reference
 
 
@@ -50,7 +52,9 @@ class PageAllocator:
         owned = self.pages.setdefault(request, [])
         need = -(-length // self.page_size) - len(owned)
         if need > len(self.free_pages):
-            raise ValueError(f"paged cache full: request {request} needs {need} more pages, {len(self.free_pages)} free")
+            raise ValueError(
+                f"paged cache full: request {request} needs {need} more pages, {len(self.free_pages)} free"
+            )
         owned.extend(self.free_pages.pop() for _ in range(need))
 
     def slots(self, request: int, start: int, count: int) -> List[int]:
@@ -76,12 +80,13 @@ class Request:
 @dataclass
 class Step:
     """What one forward pass computes: the packed tokens of every scheduled request."""
+
     positions: torch.Tensor
     slots: torch.Tensor
     segments: List[tuple]  # (request, start in the packed batch, tokens, context length after the step)
     # a decode step of fixed shapes (one token per row, rows padded to a bucket):
     page_table: Optional[torch.Tensor] = None  # [rows, pages per row]
-    context: Optional[torch.Tensor] = None     # [rows]: tokens in the cache after the step (0: a padding row)
+    context: Optional[torch.Tensor] = None  # [rows]: tokens in the cache after the step (0: a padding row)
 
 
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -115,7 +120,7 @@ def _project(m, x, heads, kv_heads, head_dim):
     T = x.shape[0]
     if hasattr(m, "query_key_value"):  # GPT-NeoX: per head q | k | v in one projection
         qkv = m.query_key_value(x).view(T, heads, 3 * head_dim)
-        return qkv[..., :head_dim], qkv[..., head_dim:2 * head_dim], qkv[..., 2 * head_dim:]
+        return qkv[..., :head_dim], qkv[..., head_dim : 2 * head_dim], qkv[..., 2 * head_dim :]
     q = m.q_proj(x).view(T, heads, head_dim)
     k = m.k_proj(x).view(T, kv_heads, head_dim)
     v = m.v_proj(x).view(T, kv_heads, head_dim)
@@ -129,7 +134,7 @@ def _scaling(m, head_dim):
         return float(m.scaling)
     if getattr(m, "scale_attn", None) is not None:
         return 1.0 / float(m.scale_attn)
-    return head_dim ** -0.5
+    return head_dim**-0.5
 
 
 def _output(m, out):
@@ -142,8 +147,16 @@ def _output(m, out):
 class PagedEngine:
     """The model, its paged cache and the batching loop."""
 
-    def __init__(self, model, *, page_size: int = 16, num_pages: int = 256, backend: str = "attnprep",
-                 pool_dtype: Optional[torch.dtype] = None, max_position: Optional[int] = None):
+    def __init__(
+        self,
+        model,
+        *,
+        page_size: int = 16,
+        num_pages: int = 256,
+        backend: str = "attnprep",
+        pool_dtype: Optional[torch.dtype] = None,
+        max_position: Optional[int] = None,
+    ):
         self.model = model
         config = model.config
         self.device = next(model.parameters()).device
@@ -154,32 +167,47 @@ class PagedEngine:
         self.backend = backend
         params = _rope_params(config)
         self.is_neox = config.model_type != "gptj"
-        self.rotary_dim = (config.rotary_dim or self.head_dim) if config.model_type == "gptj" else \
-            int(self.head_dim * params.get("partial_rotary_factor", 1.0))
+        self.rotary_dim = (
+            (config.rotary_dim or self.head_dim)
+            if config.model_type == "gptj"
+            else int(self.head_dim * params.get("partial_rotary_factor", 1.0))
+        )
         self.table = attnprep.rope_cos_sin_cache(
-            self.head_dim, max_position or config.max_position_embeddings, params["rope_theta"],
-            rotary_dim=self.rotary_dim, scaling=params, max_position_embeddings=config.max_position_embeddings,
-            device=self.device)
+            self.head_dim,
+            max_position or config.max_position_embeddings,
+            params["rope_theta"],
+            rotary_dim=self.rotary_dim,
+            scaling=params,
+            max_position_embeddings=config.max_position_embeddings,
+            device=self.device,
+        )
         layers = _attention_layers(model)
+        if any(isinstance(getattr(layer, name), PagedAttention) for layer, name in layers):
+            raise ValueError("paged_decode: the model is inside another engine's generate")
         self.pool_dtype = pool_dtype or self.dtype
         # one buffer for every layer: [layers, pages, 2 (k, v), page_size, kv_heads, head_dim]
-        self.cache = torch.zeros(len(layers), num_pages, 2, page_size, self.kv_heads, self.head_dim,
-                                 device=self.device, dtype=self.pool_dtype)
+        self.cache = torch.zeros(
+            len(layers),
+            num_pages,
+            2,
+            page_size,
+            self.kv_heads,
+            self.head_dim,
+            device=self.device,
+            dtype=self.pool_dtype,
+        )
         fp8 = self.pool_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-        self.scales = dict(k_scale=torch.ones((), device=self.device), v_scale=torch.ones((), device=self.device)) \
-            if fp8 else {}
+        self.scales = (
+            dict(k_scale=torch.ones((), device=self.device), v_scale=torch.ones((), device=self.device)) if fp8 else {}
+        )
         self.pages = PageAllocator(num_pages, page_size)
         self.step: Optional[Step] = None
         self.graphs: Dict[int, tuple] = {}  # bucket -> (graph, its input tensors, its logits)
         self.logits: Optional[Dict[int, List[torch.Tensor]]] = None  # per request and step, when recording
-        for i, (layer, name) in enumerate(layers):
-            setattr(layer, name, PagedAttention(getattr(layer, name), i, self))
-        # The model's attention layers are replaced, so the mask transformers
-        # builds for them is never read: have it built the way SDPA takes it
-        # (the eager form, GPT-J's default, copies a host scalar to the
-        # device, which a CUDA graph cannot capture).
-        if getattr(config, "_attn_implementation", None) == "eager":
-            config._attn_implementation = "sdpa"
+        # the model's own attention layers, and the paged ones that stand in
+        # for them while generate runs (the model is left as it was given)
+        self.layers = [(layer, name, getattr(layer, name)) for layer, name in layers]
+        self.paged = [PagedAttention(inner, i, self) for i, (_, _, inner) in enumerate(self.layers)]
 
     # ------------------------------------------------------------ one layer
 
@@ -192,12 +220,27 @@ class PagedEngine:
         if self.backend == "attnprep":
             norm = {}
             if qk_norm:  # fused: the model's own weights and eps, Qwen3's rounding
-                norm = dict(q_norm_weight=m.q_norm.weight, k_norm_weight=m.k_norm.weight,
-                            norm_eps=m.q_norm.variance_epsilon)
+                norm = dict(
+                    q_norm_weight=m.q_norm.weight, k_norm_weight=m.k_norm.weight, norm_eps=m.q_norm.variance_epsilon
+                )
             q_rot, k_rot, _, _ = attnprep.rope_pool_fused(
-                q, k, v, s.positions, s.slots, k_pool, v_pool, head_dim=self.head_dim, num_qo_heads=self.heads,
-                num_kv_heads=self.kv_heads, rope_base=1.0, rotary_dim=self.rotary_dim, is_neox=self.is_neox,
-                cos_sin_cache=self.table, **self.scales, **norm)
+                q,
+                k,
+                v,
+                s.positions,
+                s.slots,
+                k_pool,
+                v_pool,
+                head_dim=self.head_dim,
+                num_qo_heads=self.heads,
+                num_kv_heads=self.kv_heads,
+                rope_base=1.0,
+                rotary_dim=self.rotary_dim,
+                is_neox=self.is_neox,
+                cos_sin_cache=self.table,
+                **self.scales,
+                **norm,
+            )
             return q_rot, k_rot
         if qk_norm:  # the reference runs the model's own modules
             q, k = m.q_norm(q), m.k_norm(k)
@@ -226,23 +269,33 @@ class PagedEngine:
             rep = self.heads // self.kv_heads
             mask = torch.arange(k.shape[1], device=self.device)[None, :] < s.context[:, None]
             mask[:, 0] = True  # padding rows attend to something (their output is never read)
-            o = F.scaled_dot_product_attention(q_rot[:, :, None], k.repeat_interleave(rep, 2).transpose(1, 2),
-                                               v.repeat_interleave(rep, 2).transpose(1, 2),
-                                               attn_mask=mask[:, None, None, :], scale=scaling)
+            o = F.scaled_dot_product_attention(
+                q_rot[:, :, None],
+                k.repeat_interleave(rep, 2).transpose(1, 2),
+                v.repeat_interleave(rep, 2).transpose(1, 2),
+                attn_mask=mask[:, None, None, :],
+                scale=scaling,
+            )
             return o[:, :, 0]
         out = torch.empty_like(q_rot)
         rep = self.heads // self.kv_heads
         for req, start, count, context in self.step.segments:
             k, v = self._kv(layer, torch.tensor(self.pages.pages[req.rid], device=self.device), q_rot.dtype)
             k, v = k[:context], v[:context]
-            q = q_rot[start:start + count]
+            q = q_rot[start : start + count]
             # query i sits at position context - count + i and sees keys up to it
-            mask = torch.arange(context, device=self.device)[None, :] <= (context - count +
-                                                                        torch.arange(count, device=self.device))[:, None]
-            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.repeat_interleave(rep, 1).transpose(0, 1)[None],
-                                               v.repeat_interleave(rep, 1).transpose(0, 1)[None], attn_mask=mask,
-                                               scale=scaling)
-            out[start:start + count] = o[0].transpose(0, 1)
+            mask = (
+                torch.arange(context, device=self.device)[None, :]
+                <= (context - count + torch.arange(count, device=self.device))[:, None]
+            )
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                k.repeat_interleave(rep, 1).transpose(0, 1)[None],
+                v.repeat_interleave(rep, 1).transpose(0, 1)[None],
+                attn_mask=mask,
+                scale=scaling,
+            )
+            out[start : start + count] = o[0].transpose(0, 1)
         return out
 
     # ------------------------------------------------------------ the loop
@@ -257,13 +310,18 @@ class PagedEngine:
         for row, req in enumerate(running):
             self.pages.reserve(req.rid, req.length)
             owned = self.pages.pages[req.rid]
-            page_table[row, :len(owned)] = torch.tensor(owned)
+            page_table[row, : len(owned)] = torch.tensor(owned)
             context[row] = req.length
             positions[row] = req.length - 1
             slots[row] = self.pages.slots(req.rid, req.length - 1, 1)[0]
         dev = self.device
-        return Step(positions.to(dev), slots.to(dev), [(req, row, 1, req.length) for row, req in enumerate(running)],
-                    page_table.to(dev), context.to(dev))
+        return Step(
+            positions.to(dev),
+            slots.to(dev),
+            [(req, row, 1, req.length) for row, req in enumerate(running)],
+            page_table.to(dev),
+            context.to(dev),
+        )
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids[None], position_ids=self.step.positions[None], use_cache=False).logits[0]
@@ -293,8 +351,13 @@ class PagedEngine:
         return logits
 
     @torch.no_grad()
-    def generate(self, requests: List[Request], arrivals: Optional[List[int]] = None,
-                 static_decode: bool = False, cuda_graphs: bool = False) -> Dict[int, List[int]]:
+    def generate(
+        self,
+        requests: List[Request],
+        arrivals: Optional[List[int]] = None,
+        static_decode: bool = False,
+        cuda_graphs: bool = False,
+    ) -> Dict[int, List[int]]:
         """Greedy decoding with continuous batching: request i joins at step
         arrivals[i] (its prefill runs with the other requests' decode steps)
         and leaves, freeing its pages, after its max_new_tokens.
@@ -302,7 +365,30 @@ class PagedEngine:
         fixed shapes (rows padded to a bucket of DECODE_BUCKETS, pages to a
         fixed count), the form a CUDA graph can replay; cuda_graphs: and
         replay them as CUDA graphs, one per bucket (implies static_decode)."""
-        static_decode = static_decode or cuda_graphs
+        with self._installed():
+            return self._generate(requests, arrivals, static_decode or cuda_graphs, cuda_graphs)
+
+    @contextlib.contextmanager
+    def _installed(self):
+        """The paged layers in the model's place, its own restored on exit. The
+        mask transformers builds for the replaced layers is never read: it is
+        built the SDPA way meanwhile (the eager form, GPT-J's default, copies
+        a host scalar to the device, which a CUDA graph cannot capture)."""
+        config = self.model.config
+        implementation = getattr(config, "_attn_implementation", None)
+        for (layer, name, _), paged in zip(self.layers, self.paged):
+            setattr(layer, name, paged)
+        if implementation == "eager":
+            config._attn_implementation = "sdpa"
+        try:
+            yield
+        finally:
+            for layer, name, inner in self.layers:
+                setattr(layer, name, inner)
+            if implementation == "eager":
+                config._attn_implementation = implementation
+
+    def _generate(self, requests, arrivals, static_decode: bool, cuda_graphs: bool) -> Dict[int, List[int]]:
         max_pages = self.cache.shape[1]
         arrivals = arrivals or [0] * len(requests)
         waiting = sorted(zip(arrivals, range(len(requests))), reverse=True)
@@ -319,7 +405,7 @@ class PagedEngine:
                 bucket = next(b for b in DECODE_BUCKETS if b >= len(running))
                 self.step = self._decode_step(running, bucket, max_pages)
                 ids = torch.zeros(bucket, dtype=torch.long)
-                ids[:len(running)] = torch.tensor([r.generated[-1] for r in running])
+                ids[: len(running)] = torch.tensor([r.generated[-1] for r in running])
                 ids = ids.to(self.device)
                 logits = self._replay(self.step, ids, bucket) if cuda_graphs else self._forward(ids)
                 for row, req in enumerate(running):
@@ -383,31 +469,61 @@ class PagedAttention(torch.nn.Module):
 
 def small_model(family: str, dtype=torch.float32, device="cuda", seed=0, layers=2):
     """A small model of the family with seeded random weights and real head geometry."""
-    import transformers
+    transformers = _transformers()
 
     torch.manual_seed(seed)
     no_special = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)  # a vocabulary of 1000
     if family == "llama":
         config = transformers.LlamaConfig(
-            hidden_size=1024, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=8,
-            num_key_value_heads=2, head_dim=128, vocab_size=1000, max_position_embeddings=4096,
-            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                             "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}, **no_special)
+            hidden_size=1024,
+            intermediate_size=1536,
+            num_hidden_layers=layers,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=128,
+            vocab_size=1000,
+            max_position_embeddings=4096,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 1024,
+            },
+            **no_special,
+        )
         model = transformers.LlamaForCausalLM(config)
     elif family == "qwen3":
         config = transformers.Qwen3Config(
-            hidden_size=1024, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=8,
-            num_key_value_heads=2, head_dim=128, vocab_size=1000, max_position_embeddings=4096,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **no_special)
+            hidden_size=1024,
+            intermediate_size=1536,
+            num_hidden_layers=layers,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=128,
+            vocab_size=1000,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            **no_special,
+        )
         model = transformers.Qwen3ForCausalLM(config)
     elif family == "gpt_neox":  # rotary over a quarter of each head
         config = transformers.GPTNeoXConfig(
-            hidden_size=1024, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=8,
-            vocab_size=1000, max_position_embeddings=4096, rotary_pct=0.25, **no_special)
+            hidden_size=1024,
+            intermediate_size=1536,
+            num_hidden_layers=layers,
+            num_attention_heads=8,
+            vocab_size=1000,
+            max_position_embeddings=4096,
+            rotary_pct=0.25,
+            **no_special,
+        )
         model = transformers.GPTNeoXForCausalLM(config)
     elif family == "gptj":  # GPT-J pairs over the first 64 of 128 elements
-        config = transformers.GPTJConfig(n_embd=1024, n_head=8, rotary_dim=64, n_layer=layers, vocab_size=1000,
-                                         n_positions=4096, **no_special)
+        config = transformers.GPTJConfig(
+            n_embd=1024, n_head=8, rotary_dim=64, n_layer=layers, vocab_size=1000, n_positions=4096, **no_special
+        )
         model = transformers.GPTJForCausalLM(config)
     else:
         raise ValueError(f"paged_decode: unknown family {family}")
@@ -427,6 +543,7 @@ def _events_us(fn, repeats: int = 200) -> float:
     return a.elapsed_time(b) * 1e3 / repeats
 
 
+@torch.no_grad()
 def op_share(engine: PagedEngine) -> tuple:
     """(step us, attnprep us, share) for the largest decode bucket captured:
     the step's graph replayed, against a graph of the same rope_pool_fused
@@ -440,7 +557,7 @@ def op_share(engine: PagedEngine) -> tuple:
     v = torch.randn_like(k)
     # the first slots of the cache: the run is over, its pages are free
     engine.step = Step(torch.arange(bucket, device=dev), torch.arange(bucket, device=dev), [])
-    inner = [getattr(layer, name).inner for layer, name in _attention_layers(engine.model)]
+    inner = [m for _, _, m in engine.layers]
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -455,47 +572,84 @@ def op_share(engine: PagedEngine) -> tuple:
     return step_us, op_us, op_us / step_us
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", help="a local checkpoint directory (default: small random models of each family)")
-    p.add_argument("--new-tokens", type=int, default=64)
-    a = p.parse_args()
-    import transformers
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        sys.exit("paged_decode: needs transformers: pip install 'transformers>=5.25,<6'")
+    return transformers
 
+
+def main(argv=None):
+    p = argparse.ArgumentParser(
+        prog="python examples/paged_decode.py",
+        description="Greedy decoding with continuous batching over a paged KV cache: each attention layer of a "
+        "transformers model runs its own projections, attnprep.rope_pool_fused (RoPE, the QK norm where the "
+        "model has one, the cache write) and attention over its pages; the tokens are checked against the "
+        "model's own generate(). On a GPU the decode steps replay as CUDA graphs and the table gives "
+        "tokens/s and rope_pool_fused's share of a step; on the CPU (--device cpu) the loop runs on the "
+        "plain-torch reference backend.",
+    )
+    p.add_argument("--model", help="a local checkpoint directory (default: small random models of each family)")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request (default 64)")
+    p.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cuda: attnprep's kernels and CUDA graphs (default where a GPU is present); "
+        "cpu: the plain-torch reference backend",
+    )
+    a = p.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("paged_decode: no CUDA device here; run with --device cpu for the plain-torch reference backend")
+    transformers = _transformers()
+    cuda = a.device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
     if a.model:
-        models = [("checkpoint", transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16))]
+        models = [("checkpoint", transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype))]
     else:
-        models = [(f, small_model(f, torch.bfloat16, "cpu")) for f in ("llama", "qwen3", "gpt_neox", "gptj")]
-    print("| model | requests x new tokens | attnprep loop, graphs, tok/s | transformers generate tok/s | "
-          "decode step us (rows) | rope_pool_fused us per step | share of the step |")
-    print("|---|---|---|---|---|---|---|")
+        models = [(f, small_model(f, dtype, "cpu")) for f in ("llama", "qwen3", "gpt_neox", "gptj")]
+    print(
+        "| model | device | requests x new tokens | tokens equal to generate() | attnprep loop tok/s | "
+        "transformers generate tok/s | decode step us (rows) | rope_pool_fused us per step | share of the step |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     for name, model in models:
-        model = model.cuda().eval()
+        model = model.to(a.device).eval()
         g = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 33, 17, 64)]
         reference = {}
-        ids = torch.tensor(prompts[0], device="cuda")[None]  # warm-up: the first call pays one-time costs
+        ids = torch.tensor(prompts[0], device=a.device)[None]  # warm-up: the first call pays one-time costs
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False, pad_token_id=0)
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for i, prompt in enumerate(prompts):  # one request at a time, as generate takes them unpadded
-            ids = torch.tensor(prompt, device="cuda")[None]
-            reference[i] = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new_tokens,
-                                          do_sample=False, pad_token_id=0)
-        torch.cuda.synchronize()
+            ids = torch.tensor(prompt, device=a.device)[None]
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new_tokens, do_sample=False, pad_token_id=0
+            )
+            reference[i] = out[0, len(prompt) :].tolist()
+        sync()
         t_hf = time.perf_counter() - t0
-        engine = PagedEngine(model)
-        for warm in (True, False):  # the first run captures the graphs
+        engine = PagedEngine(model, backend="attnprep" if cuda else "reference")
+        for _ in range(2 if cuda else 1):  # on the GPU the first run captures the graphs
             requests = [Request(i, p, a.new_tokens) for i, p in enumerate(prompts)]
-            torch.cuda.synchronize()
+            sync()
             t0 = time.perf_counter()
-            engine.generate(requests, arrivals=[0, 0, 3, 7], cuda_graphs=True)
-            torch.cuda.synchronize()
+            got = engine.generate(requests, arrivals=[0, 0, 3, 7], cuda_graphs=cuda)
+            sync()
             t_ours = time.perf_counter() - t0
+        same = sum(got[i] == reference[i] for i in reference)
         n = len(prompts) * a.new_tokens
-        step_us, op_us, share = op_share(engine)
-        print(f"| {name} | {len(prompts)} x {a.new_tokens} | {n / t_ours:.0f} | {n / t_hf:.0f} | "
-              f"{step_us:.0f} ({max(engine.graphs)}) | {op_us:.1f} | {100 * share:.1f}% |")
+        step = "- | - | -"
+        if cuda:
+            step_us, op_us, share = op_share(engine)
+            step = f"{step_us:.0f} ({max(engine.graphs)}) | {op_us:.1f} | {100 * share:.1f}%"
+        print(
+            f"| {name} | {a.device} | {len(prompts)} x {a.new_tokens} | {same} of {len(prompts)} | {n / t_ours:.0f} | "
+            f"{n / t_hf:.0f} | {step} |"
+        )
 
 
 if __name__ == "__main__":

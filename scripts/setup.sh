@@ -38,6 +38,10 @@ from importlib.metadata import version
 major, minor = (int(x) for x in version("transformers").split(".")[:2])
 sys.exit(0 if (major, minor) >= (5, 25) and major < 6 else 1)
 CHECK
+# clang-format and ruff at the versions the formatting test pins (pyproject.toml's test extra)
+for tool in clang-format==21.1.8 ruff==0.17.6; do
+  [ "$($PY -m pip show "${tool%%==*}" 2>/dev/null | awk '/^Version:/ { print $2 }')" = "${tool#*==}" ] || test_need+=("$tool")
+done
 if [ ${#test_need[@]} -gt 0 ]; then
   echo "attnprep setup: installing ${test_need[*]}"
   $PY -m pip install -q "${test_need[@]}" || echo "attnprep setup: WARNING: could not install ${test_need[*]}"

@@ -28,21 +28,26 @@ import math
 import os
 import sys
 
-import torch
-
 import attnprep
+import torch
 from attnprep import _C
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from attnprep.testing import (  # noqa: E402
+    cos_sin,
+    pack_gqa_reference,
+    pack_reference,
+    pool_write_reference,
+    rope_error_ratio,
+    rope_reference,
+)
 from conftest import same_bits  # noqa: E402
-
-from attnprep.testing import (cos_sin, pack_gqa_reference, pack_reference, pool_write_reference,  # noqa: E402
-                              rope_error_ratio, rope_reference)
 
 
 def assert_close_to_reference(got, want, x, rotary_dim, is_neox):
     ratio = rope_error_ratio(got, want, x, rotary_dim, is_neox)
     assert ratio <= 1.0, f"error {ratio:.3g}x the bound"
+
 
 DEV = "cuda"
 CASES = 0
@@ -114,10 +119,19 @@ def check_rope(quick=False):
     dtypes = (torch.bfloat16,) if quick else (torch.float16, torch.bfloat16, torch.float32)
     # 72: an odd number of 16-byte groups per head in 16-bit GPT-J (one group per v item)
     for dtype, dim in itertools.product(dtypes, (80, 256) if quick else (64, 72, 80, 256)):
-        for rotary_dim, neox, cache_kind in ((dim, True, None), (dim // 2, True, None), (dim, False, None),
-                                             (dim, True, torch.float32), (dim // 2, False, torch.bfloat16)):
-            for T, idx, inplace in ((0, torch.int32, False), (1, torch.int64, True), (17, torch.int32, True),
-                                    (1100, torch.int64, False)):
+        for rotary_dim, neox, cache_kind in (
+            (dim, True, None),
+            (dim // 2, True, None),
+            (dim, False, None),
+            (dim, True, torch.float32),
+            (dim // 2, False, torch.bfloat16),
+        ):
+            for T, idx, inplace in (
+                (0, torch.int32, False),
+                (1, torch.int64, True),
+                (17, torch.int32, True),
+                (1100, torch.int64, False),
+            ):
                 rope_case(dtype, dim, rotary_dim, neox, cache_kind, T, idx, inplace)
 
 
@@ -142,8 +156,22 @@ def rope_case(dtype, dim, rotary_dim, neox, cache_kind, T, idx, inplace):
     k_before, v_before = kbuf.clone(), vbuf.clone()
     q0, k0, v0 = q.clone(), k.clone(), v.clone()
     q_rot, k_rot, k_pool, v_pool = attnprep.rope_pool_fused(
-        q, k, v, positions, slots, kbuf[:, -1], vbuf[:, -1], head_dim=dim, num_qo_heads=hq, num_kv_heads=hkv,
-        rope_base=10000.0, rotary_dim=rotary_dim, is_neox=neox, cos_sin_cache=cache, inplace=inplace)
+        q,
+        k,
+        v,
+        positions,
+        slots,
+        kbuf[:, -1],
+        vbuf[:, -1],
+        head_dim=dim,
+        num_qo_heads=hq,
+        num_kv_heads=hkv,
+        rope_base=10000.0,
+        rotary_dim=rotary_dim,
+        is_neox=neox,
+        cos_sin_cache=cache,
+        inplace=inplace,
+    )
 
     in_table = positions.long() < cache_len if cache is not None else torch.ones(T, dtype=torch.bool, device=DEV)
     cos, sin = cos_sin(positions[in_table], rotary_dim, 10000.0, cache)
@@ -166,9 +194,9 @@ def check_kv_formats():
     with per-tensor and per-head scales, slots at page ends, past the pool
     and negative."""
     hq, hkv, dim = 4, 2, 128
-    for layout, page, pool_dtype, T in itertools.product(("NHD", "HND"), (16, 64),
-                                                         (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2),
-                                                         (1, 17, 1100)):
+    for layout, page, pool_dtype, T in itertools.product(
+        ("NHD", "HND"), (16, 64), (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2), (1, 17, 1100)
+    ):
         pages = max(4, -(-2 * T // page))
         shape = (pages, page, hkv, dim) if layout == "NHD" else (pages, hkv, page, dim)
         if pool_dtype == torch.bfloat16:
@@ -190,15 +218,32 @@ def check_kv_formats():
         slots.copy_(order)
         scales = {}
         if pool_dtype != torch.bfloat16:
-            scales = dict(k_scale=at_end((), torch.float32, fill=False).fill_(0.75),
-                          v_scale=at_end((hkv,), torch.float32, fill=False).fill_(1.5))
+            scales = dict(
+                k_scale=at_end((), torch.float32, fill=False).fill_(0.75),
+                v_scale=at_end((hkv,), torch.float32, fill=False).fill_(1.5),
+            )
         before = (k_pool.clone(), v_pool.clone())
-        q_rot, k_rot, _, _ = attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=dim,
-                                                      num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e4,
-                                                      kv_layout=layout, **scales)
+        q_rot, k_rot, _, _ = attnprep.rope_pool_fused(
+            q,
+            k,
+            v,
+            positions,
+            slots,
+            k_pool,
+            v_pool,
+            head_dim=dim,
+            num_qo_heads=hq,
+            num_kv_heads=hkv,
+            rope_base=1e4,
+            kv_layout=layout,
+            **scales,
+        )
         what = f"kv {layout} page {page} {pool_dtype} T {T}"
-        case(same_bits(k_pool, pool_write_reference(before[0], k_rot, slots, layout, scales.get("k_scale"))) and
-             same_bits(v_pool, pool_write_reference(before[1], v, slots, layout, scales.get("v_scale"))), what)
+        case(
+            same_bits(k_pool, pool_write_reference(before[0], k_rot, slots, layout, scales.get("k_scale")))
+            and same_bits(v_pool, pool_write_reference(before[1], v, slots, layout, scales.get("v_scale"))),
+            what,
+        )
 
 
 def check_qk_norm():
@@ -222,23 +267,29 @@ def check_qk_norm():
     head_dim 512: a table past the inverse frequencies parked before the PDL
     wait)."""
     from attnprep.testing import rms_norm_reference
+
     past_wave = 10 * torch.cuda.get_device_properties(DEV).multi_processor_count + 57
     for dtype, dim, T, neox, layout, with_cache, (hq, hkv) in [
-            (torch.bfloat16, 128, past_wave, True, "flat", True, (16, 4)),
-            (torch.float16, 128, past_wave, True, "flat", False, (16, 4)),
-            (torch.bfloat16, 128, past_wave, True, "flat", False, (32, 8)),
-            (torch.bfloat16, 128, past_wave, True, "flat", True, (64, 8)),
-            (torch.float16, 128, 17, True, "flat", False, (64, 8)),
-            (torch.bfloat16, 128, 17, True, "flat", False, (6, 2)),
-            (torch.bfloat16, 128, 1100, False, "NHD", False, (6, 2)),
-            (torch.float32, 80, 33, True, "HND", False, (6, 2)), (torch.float16, 2, 5, True, "flat", False, (6, 2)),
-            (torch.bfloat16, 512, 9, True, "flat", False, (6, 2)),
-            (torch.float32, 64, 3, False, "flat", False, (6, 2)),
-            (torch.bfloat16, 128, 1100, True, "NHD", True, (6, 2)),
-            (torch.bfloat16, 128, 1100, True, "flat", True, (16, 4)),
-            (torch.float32, 80, 33, True, "HND", True, (6, 2)), (torch.bfloat16, 512, 9, True, "flat", True, (6, 2)),
-            (torch.bfloat16, 128, 17, True, "flat", True, (8, 2)), (torch.bfloat16, 128, 17, True, "NHD", True, (8, 2)),
-            (torch.bfloat16, 128, 1100, True, "NHD", False, (16, 4)), (torch.float32, 128, 17, True, "NHD", False, (8, 2))]:
+        (torch.bfloat16, 128, past_wave, True, "flat", True, (16, 4)),
+        (torch.float16, 128, past_wave, True, "flat", False, (16, 4)),
+        (torch.bfloat16, 128, past_wave, True, "flat", False, (32, 8)),
+        (torch.bfloat16, 128, past_wave, True, "flat", True, (64, 8)),
+        (torch.float16, 128, 17, True, "flat", False, (64, 8)),
+        (torch.bfloat16, 128, 17, True, "flat", False, (6, 2)),
+        (torch.bfloat16, 128, 1100, False, "NHD", False, (6, 2)),
+        (torch.float32, 80, 33, True, "HND", False, (6, 2)),
+        (torch.float16, 2, 5, True, "flat", False, (6, 2)),
+        (torch.bfloat16, 512, 9, True, "flat", False, (6, 2)),
+        (torch.float32, 64, 3, False, "flat", False, (6, 2)),
+        (torch.bfloat16, 128, 1100, True, "NHD", True, (6, 2)),
+        (torch.bfloat16, 128, 1100, True, "flat", True, (16, 4)),
+        (torch.float32, 80, 33, True, "HND", True, (6, 2)),
+        (torch.bfloat16, 512, 9, True, "flat", True, (6, 2)),
+        (torch.bfloat16, 128, 17, True, "flat", True, (8, 2)),
+        (torch.bfloat16, 128, 17, True, "NHD", True, (8, 2)),
+        (torch.bfloat16, 128, 1100, True, "NHD", False, (16, 4)),
+        (torch.float32, 128, 17, True, "NHD", False, (8, 2)),
+    ]:
         q, k, v = (at_end((T, n, dim), dtype) for n in (hq, hkv, hkv))
         wq = at_end((dim,), dtype if hq >= 32 else torch.float32)
         wk = at_end((dim,), dtype)
@@ -252,15 +303,24 @@ def check_qk_norm():
         positions.copy_(torch.randint(0, 64 if with_cache else 1 << 16, (T,), device=DEV))
         page = 16
         total = page * max(2, -(-2 * T // page))
-        shape = {"flat": (total, hkv, dim), "NHD": (total // page, page, hkv, dim),
-                 "HND": (total // page, hkv, page, dim)}[layout]
+        shape = {
+            "flat": (total, hkv, dim),
+            "NHD": (total // page, page, hkv, dim),
+            "HND": (total // page, hkv, page, dim),
+        }[layout]
         pool_dtype = torch.float8_e4m3fn if layout == "NHD" else dtype
         if pool_dtype == dtype:
             k_pool, v_pool = (at_end(shape, dtype) for _ in range(2))
         else:
             k_pool, v_pool = (at_end(shape, torch.uint8).view(pool_dtype) for _ in range(2))
-        scales = {} if pool_dtype == dtype else dict(k_scale=at_end((), torch.float32, fill=False).fill_(0.5),
-                                                     v_scale=at_end((), torch.float32, fill=False).fill_(2.0))
+        scales = (
+            {}
+            if pool_dtype == dtype
+            else dict(
+                k_scale=at_end((), torch.float32, fill=False).fill_(0.5),
+                v_scale=at_end((), torch.float32, fill=False).fill_(2.0),
+            )
+        )
         slots = at_end((T,), torch.int64, fill=False)
         order = torch.randperm(total, device=DEV)[:T]
         order[1::5] = -1
@@ -269,17 +329,35 @@ def check_qk_norm():
         kn = rms_norm_reference(k, wk, 1e-6, 0.0)
         before = (k_pool.clone(), v_pool.clone())
         inplace = T == 33
-        q_rot, k_rot, _, _ = attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=dim,
-                                                      num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e4, is_neox=neox,
-                                                      kv_layout="NHD" if layout == "flat" else layout, inplace=inplace,
-                                                      q_norm_weight=wq, k_norm_weight=wk, cos_sin_cache=cache,
-                                                      **scales)
+        q_rot, k_rot, _, _ = attnprep.rope_pool_fused(
+            q,
+            k,
+            v,
+            positions,
+            slots,
+            k_pool,
+            v_pool,
+            head_dim=dim,
+            num_qo_heads=hq,
+            num_kv_heads=hkv,
+            rope_base=1e4,
+            is_neox=neox,
+            kv_layout="NHD" if layout == "flat" else layout,
+            inplace=inplace,
+            q_norm_weight=wq,
+            k_norm_weight=wk,
+            cos_sin_cache=cache,
+            **scales,
+        )
         what = f"norm {dtype} D {dim} T {T} {layout}" + (" cache" if with_cache else "")
         cos, sin = cos_sin(positions, dim, 1e4, cache)
         assert_close_to_reference(k_rot, rope_reference(kn, cos, sin, dim, neox), kn, dim, neox)
         lay = "NHD" if layout == "flat" else layout
-        case(same_bits(k_pool, pool_write_reference(before[0], k_rot, slots, lay, scales.get("k_scale"))) and
-             same_bits(v_pool, pool_write_reference(before[1], v, slots, lay, scales.get("v_scale"))), what)
+        case(
+            same_bits(k_pool, pool_write_reference(before[0], k_rot, slots, lay, scales.get("k_scale")))
+            and same_bits(v_pool, pool_write_reference(before[1], v, slots, lay, scales.get("v_scale"))),
+            what,
+        )
 
 
 class _DeviceMemory:
@@ -310,8 +388,15 @@ def planted():
 def main(argv):
     ops = argv or ["pack", "merge", "rope", "kv", "norm"]
     for op in ops:
-        {"pack": check_pack, "merge": check_merge, "rope": check_rope, "rope-quick": lambda: check_rope(True),
-         "kv": check_kv_formats, "norm": check_qk_norm, "planted": planted}[op]()
+        {
+            "pack": check_pack,
+            "merge": check_merge,
+            "rope": check_rope,
+            "rope-quick": lambda: check_rope(True),
+            "kv": check_kv_formats,
+            "norm": check_qk_norm,
+            "planted": planted,
+        }[op]()
         torch.cuda.synchronize()
     print(f"sanitize_ops: {CASES} checks passed ({', '.join(ops)})")
 

@@ -1,12 +1,19 @@
 """attnprep: hand-written CUDA and Metal kernels for the memory-bound steps
 between a transformer's QKV projection and its attention.
 
-Public ops (docs/contract.md has the contract):
+Public ops (each function's docstring gives its parameters, returns and errors):
 
 - :func:`pack_qkv_destination_major`: Ulysses input side, one all-to-all.
 - :func:`usp_merge_heads`: Ulysses output side.
-- :func:`rope_pool_fused`: RoPE on q/k and the KV-pool write, one launch.
+- :func:`rope_pool_fused`: RoPE on q/k (after an optional QK RMSNorm) and the
+  KV-pool write, one launch.
 - :func:`rope_cos_sin_cache`: a model's RoPE table (every scaling scheme) for it.
+- :mod:`attnprep.ulysses`: Ulysses attention over torch.distributed.
+- :mod:`attnprep.testing`: the float64 references the ops are checked against.
+
+The contract (every argument's semantics, every error message in order, the
+accuracy, what is verified where) ships with the package as ``contract.md``:
+``importlib.resources.files("attnprep") / "contract.md"``.
 """
 
 __version__ = "0.1.0"
@@ -17,5 +24,11 @@ from .rope_pool import rope_pool_fused
 from .rope_tables import rope_cos_sin_cache
 from .usp_merge_heads import usp_merge_heads
 
-__all__ = ["__version__", "build_info", "pack_qkv_destination_major", "usp_merge_heads", "rope_pool_fused",
-           "rope_cos_sin_cache"]
+__all__ = [
+    "__version__",
+    "build_info",
+    "pack_qkv_destination_major",
+    "usp_merge_heads",
+    "rope_pool_fused",
+    "rope_cos_sin_cache",
+]

@@ -58,8 +58,9 @@ def _check_rope():
     slots[::5] = -1
     k_pool = torch.zeros(2 * T, hkv, d, device="cuda")
     v_pool = torch.zeros_like(k_pool)
-    q_rot, k_rot, _, _ = attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=d,
-                                                  num_qo_heads=hq, num_kv_heads=hkv, rope_base=10000.0)
+    q_rot, k_rot, _, _ = attnprep.rope_pool_fused(
+        q, k, v, positions, slots, k_pool, v_pool, head_dim=d, num_qo_heads=hq, num_kv_heads=hkv, rope_base=10000.0
+    )
     cos, sin = cos_sin(positions, d, 10000.0)
     err = rope_error_ratio(q_rot, rope_reference(q, cos, sin, d, True), q, d, True)
     if err > 1:
@@ -92,27 +93,40 @@ def _short_benchmark():
     # Each op, its copy and its eager form timed call by call in one loop
     # (_bench.median_ms_interleaved says why).
     t, tc, te = _bench.median_ms_interleaved(
-        [[lambda: attnprep.pack_qkv_destination_major(q, k, v, 8, out=out)], _bench.copy_fns(nbytes // 2),
-         [lambda: torch.cat([q, k, v], -1).view(32768, 8, 3, 384).transpose(0, 1).contiguous()]], 20)
-    rows.append(["pack_qkv_destination_major (32768, 24, 128, 8)", t * 1e3, _bench.gbps(nbytes, t),
-                 100 * tc / t, te * 1e3])
+        [
+            [lambda: attnprep.pack_qkv_destination_major(q, k, v, 8, out=out)],
+            _bench.copy_fns(nbytes // 2),
+            [lambda: torch.cat([q, k, v], -1).view(32768, 8, 3, 384).transpose(0, 1).contiguous()],
+        ],
+        20,
+    )
+    rows.append(
+        ["pack_qkv_destination_major (32768, 24, 128, 8)", t * 1e3, _bench.gbps(nbytes, t), 100 * tc / t, te * 1e3]
+    )
     shape = (8, 8192, 1, 3, 128)
     nbytes = 2 * math.prod(shape) * 2
     # input sets rotated as the copy's are (_bench.sets_needed), so that no op reads from L2 what its last call left
     xs = [torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(_bench.sets_needed(nbytes))]
     t, tc, te = _bench.median_ms_interleaved(
-        [[lambda x=x: attnprep.usp_merge_heads(x) for x in xs], _bench.copy_fns(nbytes // 2),
-         [lambda x=x: x.permute(2, 1, 0, 3, 4).contiguous() for x in xs]], 20)
+        [
+            [lambda x=x: attnprep.usp_merge_heads(x) for x in xs],
+            _bench.copy_fns(nbytes // 2),
+            [lambda x=x: x.permute(2, 1, 0, 3, 4).contiguous() for x in xs],
+        ],
+        20,
+    )
     rows.append(["usp_merge_heads (8, 8192, 1, 3, 128)", t * 1e3, _bench.gbps(nbytes, t), 100 * tc / t, te * 1e3])
     T = 8192
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def rope_inputs():
-        return (torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g),
-                torch.randn(T, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g),
-                torch.randn(T, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g),
-                torch.randint(0, 131072, (T,), device="cuda", generator=g),
-                torch.randperm(1 << 18, device="cuda", generator=g)[:T])
+        return (
+            torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16, generator=g),
+            torch.randn(T, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g),
+            torch.randn(T, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g),
+            torch.randint(0, 131072, (T,), device="cuda", generator=g),
+            torch.randperm(1 << 18, device="cuda", generator=g)[:T],
+        )
 
     k_pool = torch.empty(1 << 18, 8, 128, device="cuda", dtype=torch.bfloat16)
     v_pool = torch.empty_like(k_pool)
@@ -120,11 +134,15 @@ def _short_benchmark():
     nbytes = T * (48 * 128 * 2 + 16) + T * 56 * 128 * 2
     sets = [rope_inputs() for _ in range(_bench.sets_needed(nbytes))]
     t, tc = _bench.median_ms_interleaved(
-        [[lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
-         _bench.copy_fns(nbytes // 2)], 20)
+        [[lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets], _bench.copy_fns(nbytes // 2)],
+        20,
+    )
     rows.append(["rope_pool_fused (T 8192, 32/8 heads, 128)", t * 1e3, _bench.gbps(nbytes, t), 100 * tc / t, "-"])
-    _bench.print_table(f"Short benchmark, bf16 ({_bench.environment()})",
-                       ["op (shape)", "attnprep us", "GB/s", "% of copy", "eager PyTorch us"], rows)
+    _bench.print_table(
+        f"Short benchmark, bf16 ({_bench.environment()})",
+        ["op (shape)", "attnprep us", "GB/s", "% of copy", "eager PyTorch us"],
+        rows,
+    )
     print("\nFull benchmarks, with every peer: python bench/bench_<op>.py (bench/README.md).")
 
 
@@ -135,7 +153,8 @@ def main(argv=None) -> int:
 
     info = attnprep.build_info()
     print(f"attnprep {info['version']}")
-    print(f"  CUDA backend : {'yes, CUDA ' + info['cuda_version'] + ', sm ' + info['cuda_architectures'] if info['cuda'] else 'not built'}")
+    cuda = f"yes, CUDA {info['cuda_version']}, sm {info['cuda_architectures']}" if info["cuda"] else "not built"
+    print(f"  CUDA backend : {cuda}")
     print(f"  Metal backend: {'yes' if info['metal'] else 'not built'}")
     print(f"  torch        : {info['torch']} (tensor import: {info['dlpack_path']})")
     print(f"  device       : {info['device']}")

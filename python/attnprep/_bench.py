@@ -52,8 +52,9 @@ def median_ms(fns: Sequence[Callable[[], object]], iters: int = 50, warmup: int 
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def median_ms_interleaved(contenders: Sequence[Sequence[Callable[[], object]]], iters: int = 50,
-                          warmup: int = 5, seed: int = 0) -> list[float]:
+def median_ms_interleaved(
+    contenders: Sequence[Sequence[Callable[[], object]]], iters: int = 50, warmup: int = 5, seed: int = 0
+) -> list[float]:
     """Median device time of one call of each contender (a list of calls, as
     median_ms takes), all timed in one loop: each round times one call of
     every contender, in a shuffled order, each call behind the spin kernel;
@@ -199,5 +200,7 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[objec
 
 
 def environment() -> str:
-    return (f"{torch.cuda.get_device_name()} | torch {torch.__version__} | "
-            f"CUDA {torch.version.cuda} | {time.strftime('%Y-%m-%d')}")
+    return (
+        f"{torch.cuda.get_device_name()} | torch {torch.__version__} | "
+        f"CUDA {torch.version.cuda} | {time.strftime('%Y-%m-%d')}"
+    )

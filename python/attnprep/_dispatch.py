@@ -16,7 +16,10 @@ import operator
 import torch
 
 _is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 _Tensor = torch.Tensor
+
+INFERENCE_ONLY = "{op}: the op is inference-only; its tensors must not require grad (use torch.no_grad())"
 
 
 def direct(*tensors) -> bool:
@@ -26,8 +29,9 @@ def direct(*tensors) -> bool:
         if t.__class__ is _Tensor:
             # A lazily negated or conjugated view: its memory is not its
             # values; the dispatcher resolves it (DLPack would export the raw
-            # memory as if it were the values).
-            if t.is_neg() or t.is_conj():
+            # memory as if it were the values). A tensor that requires grad,
+            # in grad mode: refused on the other path (refuse_grad).
+            if t.is_neg() or t.is_conj() or (t.requires_grad and _grad_enabled()):
                 return False
         elif isinstance(t, _Tensor):
             # Subclasses (FakeTensor, functional tensors...) need the
@@ -35,6 +39,13 @@ def direct(*tensors) -> bool:
             # extension's TypeError.
             return False
     return True
+
+
+def refuse_grad(op: str, *tensors) -> None:
+    """The ops have no backward: in grad mode, a tensor argument that requires
+    grad is refused (docs/contract.md), the same on every device and path."""
+    if _grad_enabled() and any(isinstance(t, _Tensor) and t.requires_grad for t in tensors):
+        raise ValueError(INFERENCE_ONLY.format(op=op))
 
 
 # The extension's readings of the non-tensor arguments
@@ -58,7 +69,6 @@ def _number(x, abc) -> bool:
     return not isinstance(x, (bool, _Tensor)) and isinstance(x, abc)
 
 
-
 def int_arg(x, op: str, name: str, past_int64=None):
     """An int (a numbers.Integral but a bool); outside int64 it becomes
     ``past_int64`` when given, else saturates, for the op's range check."""
@@ -67,11 +77,11 @@ def int_arg(x, op: str, name: str, past_int64=None):
     if not _number(x, numbers.Integral):
         raise TypeError(f"{op}: {name} must be an int, got {type(x).__name__}")
     x = operator.index(x)
-    if -2**63 <= x < 2**63:
+    if -(2**63) <= x < 2**63:
         return x
     if past_int64 is not None:
         return past_int64
-    return 2**63 - 1 if x > 0 else -2**63
+    return 2**63 - 1 if x > 0 else -(2**63)
 
 
 def float_arg(x, op: str, name: str):

@@ -16,7 +16,7 @@ error, as the ValueError that caused it) and never with a shape error.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -30,10 +30,12 @@ CHECK_SLOTS_ENV = os.environ.get("ATTNPREP_CHECK_SLOTS", "0") not in ("", "0")
 
 _lib = torch.library.Library("attnprep", "DEF")
 
-_ROPE_ARGS = ("Tensor v, Tensor positions, Tensor slots, Tensor(c!) k_pool, Tensor(d!) v_pool, int head_dim, "
-              "int num_qo_heads, int num_kv_heads, float rope_base, int? rotary_dim, bool is_neox, "
-              "Tensor? cos_sin_cache, Tensor? k_scale, Tensor? v_scale, str kv_layout, Tensor? q_norm_weight, "
-              "Tensor? k_norm_weight, float norm_eps, float norm_weight_offset, bool check_slots")
+_ROPE_ARGS = (
+    "Tensor v, Tensor positions, Tensor slots, Tensor(c!) k_pool, Tensor(d!) v_pool, int head_dim, "
+    "int num_qo_heads, int num_kv_heads, float rope_base, int? rotary_dim, bool is_neox, "
+    "Tensor? cos_sin_cache, Tensor? k_scale, Tensor? v_scale, str kv_layout, Tensor? q_norm_weight, "
+    "Tensor? k_norm_weight, float norm_eps, float norm_weight_offset, bool check_slots"
+)
 _lib.define("pack_qkv_destination_major(Tensor q, Tensor k, Tensor v, int world_size) -> Tensor")
 _lib.define("pack_qkv_destination_major_out(Tensor q, Tensor k, Tensor v, int world_size, Tensor(a!) out) -> ()")
 _lib.define("usp_merge_heads(Tensor x) -> Tensor")
@@ -86,17 +88,46 @@ def _merge_fake(x):
     return x.new_empty(_C._usp_merge_heads_meta(x))
 
 
-def rope_run(kernel, inplace, q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-             rope_base, rotary_dim, is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, q_norm_weight, k_norm_weight,
-             norm_eps, norm_weight_offset, check_slots):
+class RopeArgs(NamedTuple):
+    """rope_pool_fused's arguments in the dispatcher schema's order (_ROPE_ARGS)."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    positions: Tensor
+    slots: Tensor
+    k_pool: Tensor
+    v_pool: Tensor
+    head_dim: int
+    num_qo_heads: int
+    num_kv_heads: int
+    rope_base: float
+    rotary_dim: Optional[int]
+    is_neox: bool
+    cos_sin_cache: Optional[Tensor]
+    k_scale: Optional[Tensor]
+    v_scale: Optional[Tensor]
+    kv_layout: str
+    q_norm_weight: Optional[Tensor]
+    k_norm_weight: Optional[Tensor]
+    norm_eps: float
+    norm_weight_offset: float
+
+    def for_extension(self, inplace) -> tuple:
+        """The extension's positional order: ``inplace`` follows cos_sin_cache."""
+        at = self._fields.index("cos_sin_cache") + 1
+        return (*self[:at], inplace, *self[at:])
+
+
+def rope_run(kernel, inplace, *schema_args):
     """``kernel`` (the extension's or the Metal one) after the host check of
-    ``check_slots``; the one place that check runs, for both call paths."""
-    args = (q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim,
-            is_neox, cos_sin_cache, inplace, k_scale, v_scale, kv_layout, q_norm_weight, k_norm_weight, norm_eps,
-            norm_weight_offset)
+    ``check_slots``, the schema's last argument; the one place that check
+    runs, for both call paths."""
+    a, check_slots = RopeArgs(*schema_args[:-1]), schema_args[-1]
+    args = a.for_extension(inplace)
     if check_slots:
         _C.rope_pool_check(*args)  # the documented checks come first
-        check_slots_on_host(slots, pool_slots(k_pool, kv_layout), positions, cos_sin_cache)
+        check_slots_on_host(a.slots, pool_slots(a.k_pool, a.kv_layout), a.positions, a.cos_sin_cache)
     return kernel(*args)
 
 
@@ -122,12 +153,10 @@ def _rope_inplace_mps(*args):
     rope_run(_metal, True, *args)
 
 
-def _rope_check_fake(inplace, q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-                     rope_base, rotary_dim, is_neox, cos_sin_cache, k_scale, v_scale, kv_layout, q_norm_weight,
-                     k_norm_weight, norm_eps, norm_weight_offset, check_slots):
-    _C.rope_pool_check(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base,
-                       rotary_dim, is_neox, cos_sin_cache, inplace, k_scale, v_scale, kv_layout, q_norm_weight,
-                       k_norm_weight, norm_eps, norm_weight_offset, metadata_only=True)
+def _rope_check_fake(inplace, *schema_args):
+    """The extension's checks on metadata alone (``check_slots``, the last
+    argument, runs when the compiled graph calls the op)."""
+    _C.rope_pool_check(*RopeArgs(*schema_args[:-1]).for_extension(inplace), metadata_only=True)
 
 
 def _rope_fake(q, k, *rest):
@@ -139,11 +168,13 @@ def _rope_inplace_fake(*args):
     _rope_check_fake(True, *args)
 
 
-for _name, _kernel, _fake in [("pack_qkv_destination_major", _pack, _pack_fake),
-                              ("pack_qkv_destination_major_out", _pack_out, _pack_out_fake),
-                              ("usp_merge_heads", _merge, _merge_fake),
-                              ("rope_pool_fused", _rope, _rope_fake),
-                              ("rope_pool_fused_inplace", _rope_inplace, _rope_inplace_fake)]:
+for _name, _kernel, _fake in [
+    ("pack_qkv_destination_major", _pack, _pack_fake),
+    ("pack_qkv_destination_major_out", _pack_out, _pack_out_fake),
+    ("usp_merge_heads", _merge, _merge_fake),
+    ("rope_pool_fused", _rope, _rope_fake),
+    ("rope_pool_fused_inplace", _rope_inplace, _rope_inplace_fake),
+]:
     _lib.impl(_name, _kernel, _ANY)
     torch.library.register_fake(f"attnprep::{_name}", _fake, lib=_lib)
 _lib.impl("rope_pool_fused", _rope_mps, "MPS")

@@ -44,17 +44,17 @@ from torch import Tensor
 
 from . import _C
 
-NEEDS = "ulysses: transport=\"copy_engine\" needs CUDA tensors and wire_dtype=None"
-SET_UP_FIRST = ("ulysses: transport=\"copy_engine\" sets up its buffers on a shape's first call; "
-                "make one call before capturing")
+NEEDS = 'ulysses: transport="copy_engine" needs CUDA tensors and wire_dtype=None'
+SET_UP_FIRST = (
+    'ulysses: transport="copy_engine" sets up its buffers on a shape\'s first call; make one call before capturing'
+)
 
 # the flag arrays, [4, chunks, world] int32 per rank: flag[kind, c, s] concerns chunk c and peer s
 READY_IN, FREE_IN, READY_BACK, FREE_BACK = range(4)
 
 
 def no_peer_access(rank: int, why: str) -> str:
-    return (f"ulysses: transport=\"copy_engine\" needs every rank's GPU on one node with peer access "
-            f"(rank {rank}: {why})")
+    return f'ulysses: transport="copy_engine" needs every rank\'s GPU on one node with peer access (rank {rank}: {why})'
 
 
 # A peer allocation is opened once per process and device: two buffers may
@@ -215,8 +215,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, plan: Tupl
 
     def copy_rows(dst: int, dpitch: int, src: Tensor, head: int, n: int):
         """rows x heads [head, head + n) of src (all D) to dst, rows dpitch bytes apart."""
-        _C._peer_copy_2d(dst, dpitch, src.data_ptr() + head * src.stride(1) * elt, src.stride(0) * elt,
-                         n * dim * elt, rows, dev)
+        _C._peer_copy_2d(
+            dst, dpitch, src.data_ptr() + head * src.stride(1) * elt, src.stride(0) * elt, n * dim * elt, rows, dev
+        )
 
     def send_in(c: int) -> torch.cuda.Event:
         """Chunk c of q, k, v to every rank: the peers' blocks on the inbound
@@ -232,12 +233,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, plan: Tupl
                 chunk_q = plan[c]
                 chunk_kv = chunk_q // per_kv if split else 1
                 kv_head = d * (kv // world) + first_q[c] // per_kv if split else d * kv // world
-                copy_rows(at + rank * rows * chunk_q * dim * elt, chunk_q * dim * elt, q, d * local_q + first_q[c],
-                          chunk_q)
-                copy_rows(at + (n_q[c] + rank * rows * chunk_kv * dim) * elt, chunk_kv * dim * elt, k, kv_head,
-                          chunk_kv)
-                copy_rows(at + (n_q[c] + n_kv[c] + rank * rows * chunk_kv * dim) * elt, chunk_kv * dim * elt, v,
-                          kv_head, chunk_kv)
+                copy_rows(
+                    at + rank * rows * chunk_q * dim * elt, chunk_q * dim * elt, q, d * local_q + first_q[c], chunk_q
+                )
+                copy_rows(
+                    at + (n_q[c] + rank * rows * chunk_kv * dim) * elt, chunk_kv * dim * elt, k, kv_head, chunk_kv
+                )
+                copy_rows(
+                    at + (n_q[c] + n_kv[c] + rank * rows * chunk_kv * dim) * elt,
+                    chunk_kv * dim * elt,
+                    v,
+                    kv_head,
+                    chunk_kv,
+                )
                 if d != rank:
                     _C._stream_write(box.flag(d, READY_IN, c, rank), 1, dev)
         done = torch.cuda.Event()
@@ -255,9 +263,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, plan: Tupl
                 if d != rank:  # d has taken the previous call's output out of its outbox
                     _C._stream_wait(box.flag(rank, FREE_BACK, c, d), 1, dev)
                     _C._stream_write(box.flag(rank, FREE_BACK, c, d), 0, dev)
-                _C._peer_copy_2d(box.outbox_at[d] + (rank * local_q + first_q[c]) * dim * elt, heads * dim * elt,
-                                 o.data_ptr() + d * rows * o.stride(0) * elt, o.stride(0) * elt, plan[c] * dim * elt,
-                                 rows, dev)
+                _C._peer_copy_2d(
+                    box.outbox_at[d] + (rank * local_q + first_q[c]) * dim * elt,
+                    heads * dim * elt,
+                    o.data_ptr() + d * rows * o.stride(0) * elt,
+                    o.stride(0) * elt,
+                    plan[c] * dim * elt,
+                    rows,
+                    dev,
+                )
                 if d != rank:
                     _C._stream_write(box.flag(d, READY_BACK, c, rank), 1, dev)
 
@@ -294,11 +308,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, group, attn: Callable, plan: Tupl
                 for s in peers:
                     _C._stream_wait(box.flag(rank, READY_IN, c, s), 1, dev)
                     _C._stream_write(box.flag(rank, READY_IN, c, s), 0, dev)
-                x = box.inbox[start[c]:start[c + 1]]
+                x = box.inbox[start[c] : start[c + 1]]
                 nq, nkv = n_q[c], n_kv[c]
                 try:
-                    o = attn(x[:nq].view(world * rows, -1, dim), x[nq:nq + nkv].view(world * rows, -1, dim),
-                             x[nq + nkv:].view(world * rows, -1, dim))
+                    o = attn(
+                        x[:nq].view(world * rows, -1, dim),
+                        x[nq : nq + nkv].view(world * rows, -1, dim),
+                        x[nq + nkv :].view(world * rows, -1, dim),
+                    )
                 finally:
                     for s in peers:  # chunk c of s's bytes is read: s may write it again
                         _C._stream_write(box.flag(s, FREE_IN, c, rank), 1, dev)

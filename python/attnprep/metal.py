@@ -19,6 +19,7 @@ from importlib import resources
 import torch
 
 from . import _C
+from ._ops import RopeArgs
 
 _KERNELS = {torch.float16: "rope_pool_half", torch.bfloat16: "rope_pool_bfloat", torch.float32: "rope_pool_float"}
 
@@ -36,24 +37,40 @@ def _library():
     return torch.mps.compile_shader(source())
 
 
-def rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads, rope_base,
-                    rotary_dim, is_neox, cos_sin_cache, inplace, k_scale, v_scale, kv_layout, q_norm_weight,
-                    k_norm_weight, norm_eps, norm_weight_offset):
+def rope_pool_fused(*args):
+    """The op's Metal kernel; ``args`` in the extension's order (``RopeArgs.for_extension``)."""
+    at = RopeArgs._fields.index("cos_sin_cache") + 1  # inplace follows cos_sin_cache
+    a, inplace = RopeArgs(*args[:at], *args[at + 1 :]), args[at]
+    q, k = a.q, a.k
     q_rot = q if inplace else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_rot = k if inplace else torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    params, groups, threads = _C.rope_pool_metal_plan(q, k, v, positions, slots, k_pool, v_pool, head_dim,
-                                                      num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox,
-                                                      cos_sin_cache, inplace, k_scale, v_scale, kv_layout,
-                                                      q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset,
-                                                      q_rot, k_rot)
+    params, groups, threads = _C.rope_pool_metal_plan(*args, q_rot, k_rot)
     if groups:
         block = torch.frombuffer(bytearray(params), dtype=torch.uint8).to(q.device)
         # without a table the kernel never reads it; any buffer fills the slot
         # (likewise the norm weights; each is passed twice, as float32 and as q's dtype)
-        cache = cos_sin_cache if cos_sin_cache is not None else positions
-        qw = q_norm_weight if q_norm_weight is not None else positions
-        kw = k_norm_weight if k_norm_weight is not None else positions
+        cache = a.cos_sin_cache if a.cos_sin_cache is not None else a.positions
+        qw = a.q_norm_weight if a.q_norm_weight is not None else a.positions
+        kw = a.k_norm_weight if a.k_norm_weight is not None else a.positions
         kernel = getattr(_library(), _KERNELS[q.dtype])
-        kernel(q, k, v, q_rot, k_rot, k_pool, v_pool, positions, slots, cache, cache, block, qw, qw, kw, kw,
-               threads=groups * threads, group_size=threads)
-    return q_rot, k_rot, k_pool, v_pool
+        kernel(
+            q,
+            k,
+            a.v,
+            q_rot,
+            k_rot,
+            a.k_pool,
+            a.v_pool,
+            a.positions,
+            a.slots,
+            cache,
+            cache,
+            block,
+            qw,
+            qw,
+            kw,
+            kw,
+            threads=groups * threads,
+            group_size=threads,
+        )
+    return q_rot, k_rot, a.k_pool, a.v_pool

@@ -131,15 +131,21 @@ def _factors(cfg: dict, key: str, dim: int) -> list:
     """longrope's per-frequency factors: rotary_dim / 2 positive numbers."""
     values = _need("longrope", cfg, key)
     n = dim // 2
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or len(values) != n or \
-            not all(_is_positive(x) for x in values):
-        raise ValueError(f"rope_cos_sin_cache: longrope scaling's {key} must hold rotary_dim / 2 = {n} "
-                         "positive finite numbers")
+    if (
+        isinstance(values, (str, bytes))
+        or not hasattr(values, "__len__")
+        or len(values) != n
+        or not all(_is_positive(x) for x in values)
+    ):
+        raise ValueError(
+            f"rope_cos_sin_cache: longrope scaling's {key} must hold rotary_dim / 2 = {n} positive finite numbers"
+        )
     return list(values)
 
 
-def _longrope(cfg: dict, base: float, dim: int, seq_len: int,
-              max_position_embeddings: Optional[int]) -> Tuple[Tensor, float]:
+def _longrope(
+    cfg: dict, base: float, dim: int, seq_len: int, max_position_embeddings: Optional[int]
+) -> Tuple[Tensor, float]:
     original = _number("longrope", cfg, "original_max_position_embeddings")
     long_factor = _factors(cfg, "long_factor", dim)
     short_factor = _factors(cfg, "short_factor", dim)
@@ -148,16 +154,29 @@ def _longrope(cfg: dict, base: float, dim: int, seq_len: int,
         factor = _context("longrope", max_position_embeddings) / original
     attention = _optional("longrope", cfg, "attention_factor")
     if attention is None:
-        attention = 1.0 if factor <= 1.0 else math.sqrt(
-            1 + math.log(factor) / math.log(_above_one("longrope", "original_max_position_embeddings", original)))
+        attention = (
+            1.0
+            if factor <= 1.0
+            else math.sqrt(
+                1 + math.log(factor) / math.log(_above_one("longrope", "original_max_position_embeddings", original))
+            )
+        )
     ext = torch.tensor(long_factor if seq_len > original else short_factor, dtype=torch.float32)
     shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     return 1.0 / (ext * base**shape), attention
 
 
-def rope_inv_freq(head_dim: int, base: float, *, rotary_dim: Optional[int] = None, scaling: Optional[dict] = None,
-                  max_position_embeddings: Optional[int] = None, seq_len: int = 0, max_position: int = 1,
-                  dtype: torch.dtype = torch.float32) -> Tuple[Tensor, float]:
+def rope_inv_freq(
+    head_dim: int,
+    base: float,
+    *,
+    rotary_dim: Optional[int] = None,
+    scaling: Optional[dict] = None,
+    max_position_embeddings: Optional[int] = None,
+    seq_len: int = 0,
+    max_position: int = 1,
+    dtype: torch.dtype = torch.float32,
+) -> Tuple[Tensor, float]:
     """(inv_freq ``[rotary_dim / 2]`` float32, attention factor) of a RoPE scheme,
     whose ``[max_position, rotary_dim]`` table of ``dtype`` must be describable."""
     if scaling is not None and not isinstance(scaling, Mapping):
@@ -171,8 +190,10 @@ def rope_inv_freq(head_dim: int, base: float, *, rotary_dim: Optional[int] = Non
     if not (isinstance(dim, int) and 2 <= dim <= head_dim and dim % 2 == 0):
         raise ValueError(f"rope_cos_sin_cache: rotary_dim must be even and in [2, head_dim], got {dim}")
     if max_position * dim * dtype.itemsize > 2**63 - 1:
-        raise ValueError(f"rope_cos_sin_cache: the table would exceed 2^63 - 1 bytes ([max_position, rotary_dim] = "
-                         f"[{max_position}, {dim}] of {dtype})")
+        raise ValueError(
+            f"rope_cos_sin_cache: the table would exceed 2^63 - 1 bytes ([max_position, rotary_dim] = "
+            f"[{max_position}, {dim}] of {dtype})"
+        )
     _positive("base", base)
     if kind == "default":
         return _plain(base, dim), 1.0
@@ -202,30 +223,92 @@ def _int(name: str, value):
     return operator.index(value)
 
 
-def rope_cos_sin_cache(head_dim: int, max_position: int, base: float, *, rotary_dim: Optional[int] = None,
-                       scaling: Optional[dict] = None, max_position_embeddings: Optional[int] = None,
-                       seq_len: Optional[int] = None, dtype: torch.dtype = torch.float32,
-                       device=None) -> Tensor:
-    """``[max_position, rotary_dim]``: cos of every position's angles, then their sin.
+def rope_cos_sin_cache(
+    head_dim: int,
+    max_position: int,
+    base: float,
+    *,
+    rotary_dim: Optional[int] = None,
+    scaling: Optional[dict] = None,
+    max_position_embeddings: Optional[int] = None,
+    seq_len: Optional[int] = None,
+    dtype: torch.dtype = torch.float32,
+    device=None,
+) -> Tensor:
+    """A model's RoPE table, as transformers builds it, for ``rope_pool_fused(cos_sin_cache=...)``.
 
-    ``scaling`` is the model config's RoPE dict (``rope_scaling`` or
-    ``rope_parameters``): none, ``linear``, ``dynamic``, ``yarn``, ``llama3``
-    or ``longrope``. ``seq_len`` (default ``max_position``) is the sequence
-    length the dynamic and longrope schemes adapt to;
-    ``max_position_embeddings`` is the model's context length (needed by
-    ``dynamic``, and by ``yarn``/``longrope`` without a ``factor``).
+    Parameters
+    ----------
+    head_dim : int
+        The attention head size.
+    max_position : int
+        Rows of the table (positions ``0 .. max_position - 1``).
+    base : float
+        The config's ``rope_theta``.
+    rotary_dim : int, optional
+        The rotated part of each head (default ``head_dim``).
+    scaling : dict, optional
+        The config's RoPE dict (``rope_scaling`` or ``rope_parameters``):
+        none, ``linear``, ``dynamic``, ``yarn``, ``llama3`` or ``longrope``.
+    max_position_embeddings : int, optional
+        The model's context length (needed by ``dynamic``, and by
+        ``yarn``/``longrope`` without a ``factor``).
+    seq_len : int, optional
+        The sequence length ``dynamic`` and ``longrope`` adapt to (default
+        ``max_position``).
+    dtype : torch.dtype
+        float32 (default) or bfloat16.
+    device : torch.device or str, optional
+        Where the table is built.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[max_position, rotary_dim]``: the cos of every position's angles,
+        then their sin (the scheme's attention factor applied to both).
+
+    Raises
+    ------
+    TypeError
+        An int argument of another type (``"rope_cos_sin_cache: head_dim must
+        be an int, got float"``).
+    ValueError
+        A scheme it does not know, a missing or invalid key, with the
+        messages of the contract (``contract.md`` in the package).
+
+    Examples
+    --------
+    >>> llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+    ...           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    >>> table = rope_cos_sin_cache(128, 131072, 500000.0, scaling=llama3)
+    >>> table.shape, table.dtype
+    (torch.Size([131072, 128]), torch.float32)
+    >>> bool(table[0, :64].eq(1).all())
+    True
     """
     head_dim, max_position, rotary_dim, seq_len = (
-        _int(name, value) for name, value in (("head_dim", head_dim), ("max_position", max_position),
-                                              ("rotary_dim", rotary_dim), ("seq_len", seq_len)))
+        _int(name, value)
+        for name, value in (
+            ("head_dim", head_dim),
+            ("max_position", max_position),
+            ("rotary_dim", rotary_dim),
+            ("seq_len", seq_len),
+        )
+    )
     if max_position <= 0:
         raise ValueError(f"rope_cos_sin_cache: max_position must be positive, got {max_position}")
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"rope_cos_sin_cache: dtype must be torch.float32 or torch.bfloat16, got {dtype}")
-    inv, attention = rope_inv_freq(head_dim, base, rotary_dim=rotary_dim, scaling=scaling,
-                                   max_position_embeddings=max_position_embeddings,
-                                   seq_len=max_position if seq_len is None else seq_len, max_position=max_position,
-                                   dtype=dtype)
+    inv, attention = rope_inv_freq(
+        head_dim,
+        base,
+        rotary_dim=rotary_dim,
+        scaling=scaling,
+        max_position_embeddings=max_position_embeddings,
+        seq_len=max_position if seq_len is None else seq_len,
+        max_position=max_position,
+        dtype=dtype,
+    )
     # Values each within range can still make the table non-finite (a base of
     # 1e-300: inv_freq past float32, and 0 * inf at position 0; yarn's mscale
     # of 1e308: an attention factor past float32): the largest angle, formed
@@ -234,8 +317,10 @@ def rope_cos_sin_cache(head_dim: int, max_position: int, base: float, *, rotary_
     inv = inv.float()
     last = torch.tensor(float(max_position - 1), dtype=torch.float32) * inv.max()
     if not (bool(torch.isfinite(last)) and bool(torch.isfinite(torch.tensor(attention, dtype=torch.float32)))):
-        raise ValueError(f"rope_cos_sin_cache: the table would not be finite in float32 (position "
-                         f"{max_position - 1} * inv_freq {float(inv.max())!r}, attention factor {attention!r})")
+        raise ValueError(
+            f"rope_cos_sin_cache: the table would not be finite in float32 (position "
+            f"{max_position - 1} * inv_freq {float(inv.max())!r}, attention factor {attention!r})"
+        )
     angle = torch.arange(max_position, dtype=torch.float32)[:, None] * inv[None, :]
     table = torch.cat([angle.cos() * attention, angle.sin() * attention], dim=1)
     return table.to(dtype=dtype, device=device)

@@ -23,7 +23,7 @@ def pack_reference(q: Tensor, k: Tensor, v: Tensor, world_size: int) -> Tensor:
     out = torch.empty((world_size, rows, local, 3 * dim), dtype=q.dtype, device=q.device)
     for d in range(world_size):
         for j, t in enumerate((q, k, v)):
-            out[d, :, :, j * dim:(j + 1) * dim] = t[:, d * local:(d + 1) * local]
+            out[d, :, :, j * dim : (j + 1) * dim] = t[:, d * local : (d + 1) * local]
     return out
 
 
@@ -36,13 +36,13 @@ def pack_gqa_reference(q: Tensor, k: Tensor, v: Tensor, world_size: int) -> Tens
     local_q = heads // world_size
     parts = []
     for d in range(world_size):
-        qs = q[:, d * local_q:(d + 1) * local_q]
+        qs = q[:, d * local_q : (d + 1) * local_q]
         if kv >= world_size:
             n = kv // world_size
-            ks, vs = k[:, d * n:(d + 1) * n], v[:, d * n:(d + 1) * n]
+            ks, vs = k[:, d * n : (d + 1) * n], v[:, d * n : (d + 1) * n]
         else:
             head = (d * local_q) // (heads // kv)  # the kv head of this destination's first q head
-            ks, vs = k[:, head:head + 1], v[:, head:head + 1]
+            ks, vs = k[:, head : head + 1], v[:, head : head + 1]
         parts.append(torch.cat([qs, ks, vs], dim=1).reshape(rows, (qs.shape[1] + 2 * ks.shape[1]) * dim))
     return torch.stack(parts).contiguous()
 
@@ -56,8 +56,9 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor
     if k.shape[1] != q.shape[1]:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                         is_causal=causal)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=causal
+    )
     return out[0].transpose(0, 1)
 
 
@@ -72,12 +73,13 @@ def inv_freq(base: float, rotary_dim: int) -> Tensor:
     return (1.0 / base ** (2 * i / rotary_dim)).to(torch.float32)
 
 
-def cos_sin(positions: Tensor, rotary_dim: int, base: Optional[float] = None,
-            cos_sin_cache: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+def cos_sin(
+    positions: Tensor, rotary_dim: int, base: Optional[float] = None, cos_sin_cache: Optional[Tensor] = None
+) -> Tuple[Tensor, Tensor]:
     """(cos, sin) ``[T, rotary_dim / 2]`` in float64: of the float32 angle, or the table's values exactly."""
     if cos_sin_cache is not None:
         rows = cos_sin_cache.cpu()[positions.long().cpu()].double()
-        return rows[:, : rotary_dim // 2], rows[:, rotary_dim // 2:]
+        return rows[:, : rotary_dim // 2], rows[:, rotary_dim // 2 :]
     angle = positions.cpu().to(torch.float32)[:, None] * inv_freq(base, rotary_dim)[None, :]  # float32 product
     return torch.cos(angle.double()), torch.sin(angle.double())
 
@@ -89,9 +91,9 @@ def rope_reference(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, is_neox
     c, s = cos[:, None, :], sin[:, None, :]
     rot = rotary_dim
     if is_neox:
-        a, b = x[..., : rot // 2], x[..., rot // 2: rot]
+        a, b = x[..., : rot // 2], x[..., rot // 2 : rot]
         out[..., : rot // 2] = a * c - b * s
-        out[..., rot // 2: rot] = b * c + a * s
+        out[..., rot // 2 : rot] = b * c + a * s
     else:
         a, b = x[..., 0:rot:2], x[..., 1:rot:2]
         out[..., 0:rot:2] = a * c - b * s
@@ -148,10 +150,10 @@ def rope_error_ratio(got: Tensor, want: Tensor, x: Tensor, rotary_dim: int, is_n
         p = partner[..., :rot].clone()
         partner[..., 0:rot:2] += p[..., 1:rot:2]
         partner[..., 1:rot:2] += p[..., 0:rot:2]
-    f32_err = 8 * 2.0 ** -24 * partner
+    f32_err = 8 * 2.0**-24 * partner
     if x.dtype == torch.float32:
         row_max = want.abs().amax(dim=-1, keepdim=True)
-        bound = 8 * 2.0 ** -24 * torch.maximum(row_max, partner)
+        bound = 8 * 2.0**-24 * torch.maximum(row_max, partner)
     else:
         tiny = torch.finfo(x.dtype).tiny
         e = torch.floor(torch.log2(want.abs().clamp(min=tiny)))
@@ -170,8 +172,9 @@ def quantize_reference(x: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
     return y.clamp(-fmax, fmax).to(dtype)
 
 
-def pool_write_reference(pool: Tensor, rows: Tensor, slots: Tensor, kv_layout: str = "NHD",
-                         scale: Optional[Tensor] = None) -> Tensor:
+def pool_write_reference(
+    pool: Tensor, rows: Tensor, slots: Tensor, kv_layout: str = "NHD", scale: Optional[Tensor] = None
+) -> Tensor:
     """A copy of ``pool`` after the op writes ``rows [T, H, D]`` at ``slots``:
     slot s of a paged pool is page s // page_size, offset s % page_size;
     negative slots and slots past the pool are skipped; fp8 pools get

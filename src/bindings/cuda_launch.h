@@ -3,8 +3,8 @@
 // failed launch turned into a RuntimeError that names the op.
 #pragma once
 
-#include <string>
 #include <stdexcept>
+#include <string>
 
 #include "bindings/tensor_import.h"
 #include "core/tensor.h"

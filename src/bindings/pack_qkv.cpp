@@ -35,8 +35,7 @@ Inputs import_inputs(ImportedTensor (*import)(nb::handle, const char*), nb::hand
   return in;
 }
 
-nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, nb::handle world_size,
-                                      nb::handle out) {
+nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, nb::handle world_size, nb::handle out) {
   const Inputs in = import_inputs(import_tensor, q, k, v, world_size, out);
   const ImportedTensor &tq = in.q, &tk = in.k, &tv = in.v;
   const core::PackQkvShape& shape = in.shape;
@@ -67,8 +66,7 @@ nb::object pack_qkv_destination_major(nb::handle q, nb::handle k, nb::handle v, 
 
 // The fake kernel's half: every check on metadata alone (FakeTensors under
 // torch.compile, meta tensors), and the output shape.
-std::vector<int64_t> pack_qkv_meta(nb::handle q, nb::handle k, nb::handle v, nb::handle world_size,
-                                   nb::handle out) {
+std::vector<int64_t> pack_qkv_meta(nb::handle q, nb::handle k, nb::handle v, nb::handle world_size, nb::handle out) {
   const Inputs in = import_inputs(import_metadata, q, k, v, world_size, out);
   if (in.has_out)
     core::check_pack_qkv_out(in.shape, in.q.arg, in.k.arg, in.v.arg, in.out.arg);
@@ -92,27 +90,28 @@ nb::object pack_qkv_gqa(nb::handle q, nb::handle k, nb::handle v, int64_t world_
 }
 
 void check_ulysses_geometry(nb::handle q, nb::handle k, nb::handle v, int64_t world_size) {
-  core::check_ulysses_geometry(import_metadata(q, "q").arg, import_metadata(k, "k").arg,
-                               import_metadata(v, "v").arg, world_size);
+  core::check_ulysses_geometry(import_metadata(q, "q").arg, import_metadata(k, "k").arg, import_metadata(v, "v").arg,
+                               world_size);
 }
 
 }  // namespace
 
 void init_pack_qkv(nb::module_& m) {
-  m.def("pack_qkv_destination_major", &pack_qkv_destination_major, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
-        nb::arg("world_size").none(), nb::arg("out").none() = nb::none(),
+  m.def("pack_qkv_destination_major", &pack_qkv_destination_major, nb::arg("q").none(), nb::arg("k").none(),
+        nb::arg("v").none(), nb::arg("world_size").none(), nb::arg("out").none() = nb::none(),
         "Pack q, k, v [rows, heads, head_size] into [world_size, rows, heads // world_size, "
         "3 * head_size] for one all_to_all_single. Returns `out` (allocated when None).");
-  m.def("_pack_qkv_meta", &pack_qkv_meta, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("world_size").none(),
-        nb::arg("out").none() = nb::none(),
+  m.def("_pack_qkv_meta", &pack_qkv_meta, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
+        nb::arg("world_size").none(), nb::arg("out").none() = nb::none(),
         "Internal (fake kernel): the checks on metadata alone; returns the output shape.");
   m.def("_pack_qkv_gqa", &pack_qkv_gqa, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("world_size"), nb::arg("chunks") = 1,
         "Internal (Ulysses): [chunks, W, rows, (chunk_q + 2 * chunk_kv) * head_size].");
   m.def("_check_ulysses_chunks", &core::check_ulysses_chunks, nb::arg("local_q"), nb::arg("local_kv"),
         nb::arg("kv_split"), nb::arg("chunks"), "Internal: the chunk count's check (any device).");
-  m.def("_check_ulysses_geometry", &check_ulysses_geometry, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
-        nb::arg("world_size"), "Internal: the Ulysses layer's head-geometry checks (metadata only, any device).");
+  m.def("_check_ulysses_geometry", &check_ulysses_geometry, nb::arg("q").none(), nb::arg("k").none(),
+        nb::arg("v").none(), nb::arg("world_size"),
+        "Internal: the Ulysses layer's head-geometry checks (metadata only, any device).");
 }
 
 }  // namespace attnprep::bindings

@@ -55,7 +55,7 @@ Fn driver_function(const char* name) {
 // cuMemGetAddressRange, cuStreamWaitValue32, cuStreamWriteValue32 (CUresult is an int)
 using AddressRangeFn = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
 using StreamValueFn = int (*)(cudaStream_t stream, unsigned long long addr, unsigned int value, unsigned int flags);
-constexpr unsigned int kWaitEqual = 0x1;  // CU_STREAM_WAIT_VALUE_EQ
+constexpr unsigned int kWaitEqual = 0x1;     // CU_STREAM_WAIT_VALUE_EQ
 constexpr unsigned int kWriteDefault = 0x0;  // CU_STREAM_WRITE_VALUE_DEFAULT: a memory fence before the write
 
 // The IPC handle of the allocation holding `addr` and addr's offset in it.
@@ -93,7 +93,8 @@ bool peer_access(int device, int peer) {
   }
   CudaDeviceGuard guard(device);
   const cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
-  if (err == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();  // not an error here
+  if (err == cudaErrorPeerAccessAlreadyEnabled)
+    cudaGetLastError();  // not an error here
   else if (err != cudaSuccess) {
     cudaGetLastError();
     return false;
@@ -106,11 +107,11 @@ void peer_copy_2d(uintptr_t dst, int64_t dpitch, uintptr_t src, int64_t spitch, 
                   int device) {
   if (width <= 0 || height <= 0) return;
   const core::Device d{core::DeviceType::CUDA, device};
-  ATTNPREP_RUN_CUDA("ulysses copy engine", d, stream,
-                    cudaMemcpy2DAsync(reinterpret_cast<void*>(dst), static_cast<size_t>(dpitch),
-                                      reinterpret_cast<const void*>(src), static_cast<size_t>(spitch),
-                                      static_cast<size_t>(width), static_cast<size_t>(height), cudaMemcpyDefault,
-                                      stream));
+  ATTNPREP_RUN_CUDA(
+      "ulysses copy engine", d, stream,
+      cudaMemcpy2DAsync(reinterpret_cast<void*>(dst), static_cast<size_t>(dpitch), reinterpret_cast<const void*>(src),
+                        static_cast<size_t>(spitch), static_cast<size_t>(width), static_cast<size_t>(height),
+                        cudaMemcpyDefault, stream));
 }
 
 // A stream memory operation (`op`: cuStreamWaitValue32 or cuStreamWriteValue32) on torch's current stream.
@@ -119,8 +120,9 @@ void stream_value(StreamValueFn op, const char* name, uintptr_t addr, unsigned i
   const core::Device d{core::DeviceType::CUDA, device};
   CudaDeviceGuard guard(device);
   const int err = op(static_cast<cudaStream_t>(current_stream(d)), addr, value, flags);
-  if (err != 0) throw std::runtime_error(std::string("ulysses copy engine: ") + name + " failed (CUresult " +
-                                         std::to_string(err) + ")");
+  if (err != 0)
+    throw std::runtime_error(std::string("ulysses copy engine: ") + name + " failed (CUresult " + std::to_string(err) +
+                             ")");
 }
 
 void stream_wait(uintptr_t addr, unsigned int value, int device) {

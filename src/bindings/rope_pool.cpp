@@ -38,8 +38,9 @@ struct QkNorm {
 
 core::KvLayout layout_arg(nb::handle obj) {
   if (!nb::isinstance<nb::str>(obj))
-    throw nb::type_error(("rope_pool_fused: kv_layout must be a str, got " +
-                          nb::cast<std::string>(obj.type().attr("__name__"))).c_str());
+    throw nb::type_error(
+        ("rope_pool_fused: kv_layout must be a str, got " + nb::cast<std::string>(obj.type().attr("__name__")))
+            .c_str());
   return core::parse_kv_layout(nb::cast<std::string>(obj));
 }
 
@@ -56,9 +57,9 @@ bool import_optional(Import import, nb::handle obj, const char* name, ImportedTe
 
 // Imports every argument, in the signature's order (the first of the wrong
 // type names itself); check_rope_pool(in.args) validates them.
-Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
-                     nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
-                     nb::handle cos_sin_cache, const KvFormat& kv, const QkNorm& nm) {
+Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
+                     nb::handle k_pool, nb::handle v_pool, const Scalars& sc, nb::handle cos_sin_cache,
+                     const KvFormat& kv, const QkNorm& nm) {
   Imported in;
   in.q = import(q, "q");
   in.k = import(k, "k");
@@ -110,13 +111,13 @@ Imported import_and_check(Import import, nb::handle q, nb::handle k, nb::handle 
 nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                            nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
                            nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
-                           nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale,
-                           nb::handle v_scale, nb::handle kv_layout, nb::handle q_norm_weight,
-                           nb::handle k_norm_weight, nb::handle norm_eps, nb::handle norm_weight_offset) {
-  Imported in = import_args(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
-                            {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace},
-                            cos_sin_cache, {k_scale, v_scale, kv_layout},
-                            {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset});
+                           nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale, nb::handle v_scale,
+                           nb::handle kv_layout, nb::handle q_norm_weight, nb::handle k_norm_weight,
+                           nb::handle norm_eps, nb::handle norm_weight_offset) {
+  Imported in =
+      import_args(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
+                  {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache,
+                  {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset});
   const core::RopePoolArgs& a = in.args;
   if (a.q.device.type == core::DeviceType::MPS) return nb::none();
   core::check_rope_pool(a);
@@ -139,9 +140,16 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
   if (a.q.size(0) == 0) return result;
   const RopePoolParams params = core::make_rope_pool_params(a, qo, ko);
 #if ATTNPREP_WITH_CUDA
-  const cuda::RopePoolPointers ptrs{a.q.data,      a.k.data,        a.v.data,     qo.data,
-                                    ko.data,       a.k_pool.data,   a.v_pool.data, a.positions.data,
-                                    a.slots.data,  a.has_cache ? a.cos_sin_cache.data : nullptr,
+  const cuda::RopePoolPointers ptrs{a.q.data,
+                                    a.k.data,
+                                    a.v.data,
+                                    qo.data,
+                                    ko.data,
+                                    a.k_pool.data,
+                                    a.v_pool.data,
+                                    a.positions.data,
+                                    a.slots.data,
+                                    a.has_cache ? a.cos_sin_cache.data : nullptr,
                                     a.has_k_scale ? static_cast<const float*>(a.k_scale.data) : nullptr,
                                     a.has_v_scale ? static_cast<const float*>(a.v_scale.data) : nullptr,
                                     a.has_q_norm ? a.q_norm_weight.data : nullptr,
@@ -169,15 +177,14 @@ void rope_pool_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positi
 // runs the kernel on torch's MPS stream with exactly these.
 nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                                nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
-                               nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim,
-                               nb::handle is_neox, nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale,
-                               nb::handle v_scale, nb::handle kv_layout, nb::handle q_norm_weight,
-                               nb::handle k_norm_weight, nb::handle norm_eps, nb::handle norm_weight_offset,
-                               nb::handle q_rot, nb::handle k_rot) {
-  Imported in = import_and_check(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
-                                 {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace},
-                                 cos_sin_cache, {k_scale, v_scale, kv_layout},
-                                 {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset});
+                               nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
+                               nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale, nb::handle v_scale,
+                               nb::handle kv_layout, nb::handle q_norm_weight, nb::handle k_norm_weight,
+                               nb::handle norm_eps, nb::handle norm_weight_offset, nb::handle q_rot, nb::handle k_rot) {
+  Imported in =
+      import_and_check(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
+                       {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache,
+                       {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset});
   const core::TensorArg qo = import_tensor(q_rot, "q_rot").arg, ko = import_tensor(k_rot, "k_rot").arg;
   const core::MetalDispatch d = core::plan_rope_pool_metal(in.args, qo, ko);
   return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(&d.params), sizeof(d.params)), d.threadgroups,
@@ -187,28 +194,32 @@ nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::han
 }  // namespace
 
 void init_rope_pool(nb::module_& m) {
-  m.def("rope_pool_fused", &rope_pool_fused, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("positions").none(),
-        nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(),
-        nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
-        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
-        nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(), nb::arg("k_norm_weight").none(),
-        nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(),
+  m.def("rope_pool_fused", &rope_pool_fused, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
+        nb::arg("positions").none(), nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
+        nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(), nb::arg("num_kv_heads").none(),
+        nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
+        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(),
+        nb::arg("v_scale").none(), nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(),
+        nb::arg("k_norm_weight").none(), nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(),
         "Fused RoPE on q and k plus KV-pool scatter; returns (q_rot, k_rot, k_pool, v_pool), or None after "
         "the checks for MPS tensors (dispatched through torch).");
-  m.def("rope_pool_check", &rope_pool_check, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("positions").none(),
-        nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(),
-        nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
-        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
-        nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(), nb::arg("k_norm_weight").none(),
-        nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(), nb::arg("metadata_only") = false,
-        "Runs rope_pool_fused's checks only (ValueError on failure).");
+  m.def("rope_pool_check", &rope_pool_check, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
+        nb::arg("positions").none(), nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
+        nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(), nb::arg("num_kv_heads").none(),
+        nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
+        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(),
+        nb::arg("v_scale").none(), nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(),
+        nb::arg("k_norm_weight").none(), nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(),
+        nb::arg("metadata_only") = false, "Runs rope_pool_fused's checks only (ValueError on failure).");
   m.def("rope_pool_metal_plan", &rope_pool_metal_plan, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
-        nb::arg("positions").none(), nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(),
-        nb::arg("num_qo_heads").none(), nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(),
-        nb::arg("is_neox").none(), nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(), nb::arg("v_scale").none(),
-        nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(), nb::arg("k_norm_weight").none(),
-        nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(), nb::arg("q_rot").none(),
-        nb::arg("k_rot").none(), "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
+        nb::arg("positions").none(), nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
+        nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(), nb::arg("num_kv_heads").none(),
+        nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
+        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(),
+        nb::arg("v_scale").none(), nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(),
+        nb::arg("k_norm_weight").none(), nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(),
+        nb::arg("q_rot").none(), nb::arg("k_rot").none(),
+        "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
 }
 
 }  // namespace attnprep::bindings

@@ -81,8 +81,18 @@ const ExchangeApi* exchange_api(PyTypeObject* type) {
 
 // DLPack's type codes (dlpack.h, DLDataTypeCode) that torch exports.
 enum : uint8_t {
-  kInt = 0, kUInt = 1, kFloat = 2, kBFloat = 4, kComplex = 5, kBool = 6,
-  kF8E4M3FN = 10, kF8E4M3FNUZ = 11, kF8E5M2 = 12, kF8E5M2FNUZ = 13, kF8E8M0FNU = 14, kF4E2M1FN = 17,
+  kInt = 0,
+  kUInt = 1,
+  kFloat = 2,
+  kBFloat = 4,
+  kComplex = 5,
+  kBool = 6,
+  kF8E4M3FN = 10,
+  kF8E4M3FNUZ = 11,
+  kF8E5M2 = 12,
+  kF8E5M2FNUZ = 13,
+  kF8E8M0FNU = 14,
+  kF4E2M1FN = 17,
 };
 
 core::DType to_dtype(uint8_t code, uint8_t bits, uint16_t lanes) {
@@ -90,25 +100,42 @@ core::DType to_dtype(uint8_t code, uint8_t bits, uint16_t lanes) {
   switch (code) {
     case kFloat:
       return bits == 16 ? DType::Float16 : bits == 32 ? DType::Float32 : bits == 64 ? DType::Float64 : DType::Other;
-    case kBFloat: return bits == 16 ? DType::BFloat16 : DType::Other;
+    case kBFloat:
+      return bits == 16 ? DType::BFloat16 : DType::Other;
     // 8 bits is also torch.int1 ... torch.int7 (torch.uint1 ... uint7): import_tensor asks torch which
     case kInt:
-      return bits == 8 ? DType::Int8 : bits == 16 ? DType::Int16 : bits == 32 ? DType::Int32
-           : bits == 64 ? DType::Int64 : DType::Other;
+      return bits == 8    ? DType::Int8
+             : bits == 16 ? DType::Int16
+             : bits == 32 ? DType::Int32
+             : bits == 64 ? DType::Int64
+                          : DType::Other;
     case kUInt:
-      return bits == 8 ? DType::UInt8 : bits == 16 ? DType::UInt16 : bits == 32 ? DType::UInt32
-           : bits == 64 ? DType::UInt64 : DType::Other;
-    case kBool: return DType::Bool;
+      return bits == 8    ? DType::UInt8
+             : bits == 16 ? DType::UInt16
+             : bits == 32 ? DType::UInt32
+             : bits == 64 ? DType::UInt64
+                          : DType::Other;
+    case kBool:
+      return DType::Bool;
     case kComplex:
-      return bits == 32 ? DType::Complex32 : bits == 64 ? DType::Complex64 : bits == 128 ? DType::Complex128
-                                                                            : DType::Other;
-    case kF8E4M3FN: return DType::Float8E4M3FN;
-    case kF8E4M3FNUZ: return DType::Float8E4M3FNUZ;
-    case kF8E5M2: return DType::Float8E5M2;
-    case kF8E5M2FNUZ: return DType::Float8E5M2FNUZ;
-    case kF8E8M0FNU: return DType::Float8E8M0FNU;
-    case kF4E2M1FN: return bits == 4 && lanes == 2 ? DType::Float4E2M1FNx2 : DType::Other;
-    default: return DType::Other;
+      return bits == 32    ? DType::Complex32
+             : bits == 64  ? DType::Complex64
+             : bits == 128 ? DType::Complex128
+                           : DType::Other;
+    case kF8E4M3FN:
+      return DType::Float8E4M3FN;
+    case kF8E4M3FNUZ:
+      return DType::Float8E4M3FNUZ;
+    case kF8E5M2:
+      return DType::Float8E5M2;
+    case kF8E5M2FNUZ:
+      return DType::Float8E5M2FNUZ;
+    case kF8E8M0FNU:
+      return DType::Float8E8M0FNU;
+    case kF4E2M1FN:
+      return bits == 4 && lanes == 2 ? DType::Float4E2M1FNx2 : DType::Other;
+    default:
+      return DType::Other;
   }
 }
 
@@ -131,9 +158,10 @@ core::TensorArg to_arg(const dltensor& t, const char* what) {
   a.data = static_cast<unsigned char*>(t.data) + t.byte_offset;
   a.itemsize = t.dtype.bits * t.dtype.lanes / 8;
   const int32_t dev = t.device.device_type;
-  a.device.type = dev == kDLCUDA ? core::DeviceType::CUDA
-                : dev == kDLMetal ? core::DeviceType::MPS
-                : dev == kDLCPU ? core::DeviceType::CPU : core::DeviceType::Other;
+  a.device.type = dev == kDLCUDA    ? core::DeviceType::CUDA
+                  : dev == kDLMetal ? core::DeviceType::MPS
+                  : dev == kDLCPU   ? core::DeviceType::CPU
+                                    : core::DeviceType::Other;
   a.device.index = t.device.device_id;
   a.ndim = t.ndim;
   if (t.ndim > core::kMaxDims) {  // no op takes that many: keep the shape for the message
@@ -173,8 +201,8 @@ void require_strided(nb::handle obj, const char* what) {
 }
 
 [[noreturn]] void not_a_tensor(nb::handle obj, const char* what) {
-  std::string msg = std::string(what) + " must be a torch.Tensor, got " +
-                    nb::cast<std::string>(obj.type().attr("__name__"));
+  std::string msg =
+      std::string(what) + " must be a torch.Tensor, got " + nb::cast<std::string>(obj.type().attr("__name__"));
   throw nb::type_error(msg.c_str());
 }
 
@@ -250,9 +278,10 @@ ImportedTensor import_metadata(nb::handle obj, const char* what) {
   a.itemsize = static_cast<int32_t>(PyLong_AsLong(obj.attr("element_size")().ptr()));
   nb::object device = obj.attr("device");
   const std::string type = str_of(device.attr("type"));
-  a.device.type = type == "cuda" ? core::DeviceType::CUDA
-                : type == "mps" ? core::DeviceType::MPS
-                : type == "cpu" ? core::DeviceType::CPU : core::DeviceType::Other;
+  a.device.type = type == "cuda"  ? core::DeviceType::CUDA
+                  : type == "mps" ? core::DeviceType::MPS
+                  : type == "cpu" ? core::DeviceType::CPU
+                                  : core::DeviceType::Other;
   nb::object index = device.attr("index");
   a.device.index = index.is_none() ? 0 : static_cast<int32_t>(PyLong_AsLong(index.ptr()));
   if (a.ndim > core::kMaxDims) {
@@ -273,8 +302,7 @@ namespace {
 // not know is a newer torch's dtype, so torch names those.
 ImportedTensor described(ImportedTensor out, nb::handle obj, const dltensor& t, const char* what) {
   out.arg = to_arg(t, what);
-  if (out.arg.dtype == core::DType::Int8 || out.arg.dtype == core::DType::UInt8 ||
-      out.arg.dtype == core::DType::Other)
+  if (out.arg.dtype == core::DType::Int8 || out.arg.dtype == core::DType::UInt8 || out.arg.dtype == core::DType::Other)
     out.arg.dtype = core::dtype_from_name(str_of(obj.attr("dtype")));
   out.dl_dtype = t.dtype;
   out.dl_device = t.device;
@@ -405,7 +433,8 @@ void init_tensor_import(nb::module_& m) {
   m.def(
       "_imported_dtype",
       [](nb::handle x, bool metadata_only) {
-        return std::string(core::dtype_name((metadata_only ? import_metadata(x, "x") : import_tensor(x, "x")).arg.dtype));
+        return std::string(
+            core::dtype_name((metadata_only ? import_metadata(x, "x") : import_tensor(x, "x")).arg.dtype));
       },
       nb::arg("x"), nb::arg("metadata_only"),
       "Internal (tests): x's dtype as the checks see it, through the eager import or the fake kernels' one.");

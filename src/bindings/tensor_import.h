@@ -27,7 +27,7 @@ namespace nb = nanobind;
 // for as long as the TensorArg is used.
 struct ImportedTensor {
   core::TensorArg arg;
-  nb::dlpack::dtype dl_dtype;    // as torch described it, to allocate alike
+  nb::dlpack::dtype dl_dtype;  // as torch described it, to allocate alike
   nb::dlpack::device dl_device;
   nb::ndarray<> keepalive;
   std::vector<int64_t> full_shape;  // arg.full_shape, for metadata imports of over kMaxDims dims

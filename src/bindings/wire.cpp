@@ -1,11 +1,11 @@
 // Internal bindings of the Ulysses layer's fp8 wire kernels (docs/contract.md,
 // core/wire.h). Each returns False, touching nothing, when the kernels do not
 // take its tensors; the layer then produces the same bytes with torch ops.
+#include "core/wire.h"
 #include "bindings/cuda_launch.h"
 #include "bindings/tensor_import.h"
 #include "core/errors.h"
 #include "core/pack_qkv.h"
-#include "core/wire.h"
 
 #if ATTNPREP_WITH_CUDA
 #include "cuda/wire.h"
@@ -89,12 +89,14 @@ void init_wire(nb::module_& m) {
   m.def("_wire_pack_qkv", &wire_pack_qkv, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("world_size"),
         nb::arg("code"), nb::arg("wire"),
         "Internal (Ulysses fp8 wire): pack and quantize q, k, v into `wire`; False if the kernel does not apply.");
-  m.def("_wire_quantize", [](nb::handle x, int64_t code, nb::handle wire) { return wire_view(x, code, wire, true); },
-        nb::arg("x"), nb::arg("code"), nb::arg("wire"),
-        "Internal (Ulysses fp8 wire): x [A, B, n, D] -> wire; False if the kernel does not apply.");
-  m.def("_wire_dequantize", [](nb::handle wire, int64_t code, nb::handle x) { return wire_view(x, code, wire, false); },
-        nb::arg("wire"), nb::arg("code"), nb::arg("x"),
-        "Internal (Ulysses fp8 wire): wire -> x [A, B, n, D] (written in place); False if the kernel does not apply.");
+  m.def(
+      "_wire_quantize", [](nb::handle x, int64_t code, nb::handle wire) { return wire_view(x, code, wire, true); },
+      nb::arg("x"), nb::arg("code"), nb::arg("wire"),
+      "Internal (Ulysses fp8 wire): x [A, B, n, D] -> wire; False if the kernel does not apply.");
+  m.def(
+      "_wire_dequantize", [](nb::handle wire, int64_t code, nb::handle x) { return wire_view(x, code, wire, false); },
+      nb::arg("wire"), nb::arg("code"), nb::arg("x"),
+      "Internal (Ulysses fp8 wire): wire -> x [A, B, n, D] (written in place); False if the kernel does not apply.");
 }
 
 }  // namespace attnprep::bindings

@@ -106,8 +106,8 @@ template <int kSm>
 constexpr bool same_policies_as_sm90() {
   using A = CudaTuning<kSm>;
   using B = CudaTuning<90>;
-  return std::is_same_v<typename A::Copy, typename B::Copy> &&
-         std::is_same_v<typename A::Wire, typename B::Wire> && std::is_same_v<typename A::Rope, typename B::Rope>;
+  return std::is_same_v<typename A::Copy, typename B::Copy> && std::is_same_v<typename A::Wire, typename B::Wire> &&
+         std::is_same_v<typename A::Rope, typename B::Rope>;
 }
 static_assert(same_policies_as_sm90<80>() && same_policies_as_sm90<100>(),
               "a generation's own policy needs a launcher keyed by the device's generation");

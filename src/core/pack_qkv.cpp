@@ -7,26 +7,22 @@
 
 namespace attnprep::core {
 
-PackQkvShape check_pack_qkv_inputs(const TensorArg& q, const TensorArg& k, const TensorArg& v,
-                                   int64_t world_size) {
+PackQkvShape check_pack_qkv_inputs(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size) {
   const auto dtypes = [&] { return dtype_device_note({{"q", &q}, {"k", &k}, {"v", &v}}); };
   require(q.ndim == 3 && q.same_shape(k) && q.same_shape(v), "q, k, and v must have the same 3D shape",
           [&] { return shape_note({{"q", &q}, {"k", &k}, {"v", &v}}); });
-  require(q.device.type == DeviceType::CUDA && k.device.type == DeviceType::CUDA &&
-              v.device.type == DeviceType::CUDA,
+  require(q.device.type == DeviceType::CUDA && k.device.type == DeviceType::CUDA && v.device.type == DeviceType::CUDA,
           "q, k, and v must be CUDA tensors", dtypes);
   require(q.device == k.device && q.device == v.device && q.dtype == k.dtype && q.dtype == v.dtype &&
               q.itemsize == k.itemsize && q.itemsize == v.itemsize,
           "q, k, and v must have the same device and dtype", dtypes);
-  require(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,
-          "q, k, and v must be contiguous in head_size", [&] {
-            return "last-dimension strides: q " + std::to_string(q.stride(-1)) + ", k " +
-                   std::to_string(k.stride(-1)) + ", v " + std::to_string(v.stride(-1));
+  require(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1, "q, k, and v must be contiguous in head_size",
+          [&] {
+            return "last-dimension strides: q " + std::to_string(q.stride(-1)) + ", k " + std::to_string(k.stride(-1)) +
+                   ", v " + std::to_string(v.stride(-1));
           });
-  require(world_size >= 1 && q.size(1) % world_size == 0,
-          "world_size must be positive and divide global_heads", [&] {
-            return "world_size: " + std::to_string(world_size) + ", global_heads: " + std::to_string(q.size(1));
-          });
+  require(world_size >= 1 && q.size(1) % world_size == 0, "world_size must be positive and divide global_heads",
+          [&] { return "world_size: " + std::to_string(world_size) + ", global_heads: " + std::to_string(q.size(1)); });
 
   PackQkvShape s{};
   s.world_size = world_size;
@@ -49,9 +45,8 @@ void check_pack_qkv_output_size(const PackQkvShape& s) {
 
 void check_pack_qkv_out(const PackQkvShape& s, const TensorArg& q, const TensorArg& k, const TensorArg& v,
                         const TensorArg& out) {
-  require(out.has_shape({s.out_shape[0], s.out_shape[1], s.out_shape[2], s.out_shape[3]}) &&
-              out.is_contiguous() && out.device == q.device && out.dtype == q.dtype &&
-              out.itemsize == q.itemsize,
+  require(out.has_shape({s.out_shape[0], s.out_shape[1], s.out_shape[2], s.out_shape[3]}) && out.is_contiguous() &&
+              out.device == q.device && out.dtype == q.dtype && out.itemsize == q.itemsize,
           "out must be a contiguous tensor with the expected shape, device, and dtype", [&] {
             std::string want = "torch.Size([";
             for (int d = 0; d < 4; ++d) want += (d ? ", " : "") + std::to_string(s.out_shape[d]);
@@ -62,8 +57,8 @@ void check_pack_qkv_out(const PackQkvShape& s, const TensorArg& q, const TensorA
   require(!may_overlap(out, q) && !may_overlap(out, k) && !may_overlap(out, v), "out must not overlap q, k, or v");
 }
 
-StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const TensorArg& k,
-                              const TensorArg& v, const TensorArg& out) {
+StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const TensorArg& k, const TensorArg& v,
+                              const TensorArg& out) {
   const int64_t es = q.itemsize;
   const int64_t out_row = 3 * s.head_size * es;  // bytes of one (d, r, h) output row
   CopyJob jobs[3];
@@ -78,10 +73,8 @@ StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const T
     // output bytes (walking in source order keeps reads sequential instead,
     // and DRAM serves scattered reads better than scattered writes)
     const int64_t dims[kCopyDims] = {1, s.world_size, s.rows, s.local_heads};
-    const int64_t src_stride[kCopyDims] = {0, s.local_heads * t.byte_stride(1), t.byte_stride(0),
-                                           t.byte_stride(1)};
-    const int64_t dst_stride[kCopyDims] = {0, s.rows * s.local_heads * out_row,
-                                           s.local_heads * out_row, out_row};
+    const int64_t src_stride[kCopyDims] = {0, s.local_heads * t.byte_stride(1), t.byte_stride(0), t.byte_stride(1)};
+    const int64_t dst_stride[kCopyDims] = {0, s.rows * s.local_heads * out_row, s.local_heads * out_row, out_row};
     for (int d = 0; d < kCopyDims; ++d) {
       job.dims[d] = dims[d];
       job.src_stride[d] = src_stride[d];
@@ -171,8 +164,8 @@ PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const Te
   return s;
 }
 
-StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& s, const TensorArg& q, const TensorArg& k,
-                                  const TensorArg& v, const TensorArg& out) {
+StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& s, const TensorArg& q, const TensorArg& k, const TensorArg& v,
+                                  const TensorArg& out) {
   const int64_t es = q.itemsize, row = s.head_size * es;
   const int64_t out_row = s.out_shape[3] * es;  // bytes for one (chunk, destination, row)
   const int64_t per_dest = s.rows * out_row, per_chunk = s.world_size * per_dest;

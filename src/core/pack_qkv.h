@@ -18,8 +18,7 @@ struct PackQkvShape {
 
 // Runs checks 1-5 (q, k, v, world_size). Checks 6-7 need the output and run in
 // check_pack_qkv_out, so the bindings can allocate the output in between.
-PackQkvShape check_pack_qkv_inputs(const TensorArg& q, const TensorArg& k, const TensorArg& v,
-                                   int64_t world_size);
+PackQkvShape check_pack_qkv_inputs(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size);
 
 // Checks 6 and 7: `out` is contiguous with the expected shape, device and
 // dtype, and shares no byte with q, k or v.
@@ -30,8 +29,8 @@ void check_pack_qkv_out(const PackQkvShape& shape, const TensorArg& q, const Ten
 void check_pack_qkv_output_size(const PackQkvShape& shape);
 
 // The three copy jobs (q, k, v into their thirds of each output row).
-StridedCopyPlan plan_pack_qkv(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k,
-                              const TensorArg& v, const TensorArg& out);
+StridedCopyPlan plan_pack_qkv(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k, const TensorArg& v,
+                              const TensorArg& out);
 
 // A pack of 16-byte rows and strides, under 2^31 vectors, walked as one flat
 // run of vectors with one vector per thread (one launch; a small call alone
@@ -72,19 +71,19 @@ inline bool pack_flat_walks_inputs(int64_t total) { return total >= CopyCudaPoli
 // `from` goes to output vector `to`. Shared by the kernel and the host tests.
 template <bool kInputOrder>
 ATTNPREP_HD void pack_flat_step(const PackFlatPlan& p, uint32_t i, int& which, int64_t& from, uint32_t& to) {
-  const uint32_t row = p.by_row3.div(i);               // (t, local head)
-  const uint32_t c = i - row * p.by_row3.divisor;      // vector within the row's q | k | v
+  const uint32_t row = p.by_row3.div(i);           // (t, local head)
+  const uint32_t c = i - row * p.by_row3.divisor;  // vector within the row's q | k | v
   const uint32_t seg = p.by_seg.div(c);
   const uint32_t e = c - seg * p.by_seg.divisor;
-  const uint32_t t = p.by_local.div(row);              // (destination, token) or (token, destination)
+  const uint32_t t = p.by_local.div(row);  // (destination, token) or (token, destination)
   const uint32_t h = row - t * p.by_local.divisor;
   const uint32_t outer = p.by_inner.div(t);
   const uint32_t inner = t - outer * p.by_inner.divisor;
   const uint32_t d = kInputOrder ? inner : outer;
   const uint32_t r = kInputOrder ? outer : inner;
   which = static_cast<int>(seg);
-  from = int64_t{r} * p.row_stride[which] + (int64_t{d} * p.by_local.divisor + h) * p.head_stride[which] +
-         int64_t{e} * 16;
+  from =
+      int64_t{r} * p.row_stride[which] + (int64_t{d} * p.by_local.divisor + h) * p.head_stride[which] + int64_t{e} * 16;
   // under total < 2^31
   to = kInputOrder ? ((d * static_cast<uint32_t>(p.rows) + r) * p.by_local.divisor + h) * p.by_row3.divisor + c : i;
 }
@@ -108,8 +107,8 @@ void check_ulysses_geometry(const TensorArg& q, const TensorArg& k, const Tensor
 // dividing the local q heads (and the local kv heads when they are split).
 PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size,
                                 int64_t chunks = 1);
-StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& shape, const TensorArg& q, const TensorArg& k,
-                                  const TensorArg& v, const TensorArg& out);
+StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& shape, const TensorArg& q, const TensorArg& k, const TensorArg& v,
+                                  const TensorArg& out);
 // Whether `chunks` divides the heads of every chunk as above (any device).
 void check_ulysses_chunks(int64_t local_q, int64_t local_kv, bool kv_split, int64_t chunks);
 

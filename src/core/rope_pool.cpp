@@ -22,9 +22,7 @@ int64_t pool_heads(const TensorArg& p, KvLayout layout) {
 }
 
 // Slots per page of a paged pool (checked: 4-D), by layout.
-int64_t pool_page_size(const TensorArg& p, KvLayout layout) {
-  return layout == KvLayout::NHD ? p.size(1) : p.size(2);
-}
+int64_t pool_page_size(const TensorArg& p, KvLayout layout) { return layout == KvLayout::NHD ? p.size(1) : p.size(2); }
 
 }  // namespace
 
@@ -81,8 +79,7 @@ void check_rope_pool(const RopePoolArgs& a) {
                      "expected [slots, " + hd + "] or " + paged + ", got " + shape_str(a.k_pool));
   }
   if (!a.v_pool.same_shape(a.k_pool))
-    throw ValueError("v_pool shape must match k_pool shape, got " + shape_str(a.v_pool) + " vs " +
-                         shape_str(a.k_pool),
+    throw ValueError("v_pool shape must match k_pool shape, got " + shape_str(a.v_pool) + " vs " + shape_str(a.k_pool),
                      pool_shapes());
   require(q.dtype == k.dtype && q.dtype == v.dtype, "q/k/v dtypes must match",
           [&] { return dtype_device_note({{"q", &q}, {"k", &k}, {"v", &v}}); });
@@ -93,9 +90,13 @@ void check_rope_pool(const RopePoolArgs& a) {
 
   // Checks 12 on: this library's own.
   // every tensor given, with its name, for the device check and its note
-  std::vector<std::pair<const char*, const TensorArg*>> given = {
-      {"q", &q}, {"k", &k}, {"v", &v}, {"positions", &a.positions}, {"slots", &a.slots},
-      {"k_pool", &a.k_pool}, {"v_pool", &a.v_pool}};
+  std::vector<std::pair<const char*, const TensorArg*>> given = {{"q", &q},
+                                                                 {"k", &k},
+                                                                 {"v", &v},
+                                                                 {"positions", &a.positions},
+                                                                 {"slots", &a.slots},
+                                                                 {"k_pool", &a.k_pool},
+                                                                 {"v_pool", &a.v_pool}};
   if (a.has_cache) given.push_back({"cos_sin_cache", &a.cos_sin_cache});
   if (a.has_k_scale) given.push_back({"k_scale", &a.k_scale});
   if (a.has_v_scale) given.push_back({"v_scale", &a.v_scale});
@@ -110,8 +111,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   require(q.device.type == DeviceType::CUDA || q.device.type == DeviceType::MPS,
           "rope_pool_fused expects CUDA or MPS tensors");
   if (!is_float_type(q.dtype))
-    throw ValueError(std::string("rope_pool_fused supports float16, bfloat16 and float32, got ") +
-                     dtype_name(q.dtype));
+    throw ValueError(std::string("rope_pool_fused supports float16, bfloat16 and float32, got ") + dtype_name(q.dtype));
   if (a.head_dim % 2 != 0 || a.head_dim <= 0 || a.head_dim > 2 * ATTNPREP_ROPE_MAX_HALF)
     throw ValueError("rope_pool_fused expects an even head_dim in [2, 512], got " + std::to_string(a.head_dim));
   const int64_t rot = a.rot();
@@ -138,8 +138,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   const uint64_t heads = static_cast<uint64_t>(a.num_qo_heads) + static_cast<uint64_t>(a.num_kv_heads);
   if (heads > kRopeMaxHeads)
     throw ValueError("rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got " + std::to_string(heads));
-  if (T > kRopeMaxTokens)
-    throw ValueError("rope_pool_fused supports fewer than 2^31 tokens, got " + std::to_string(T));
+  if (T > kRopeMaxTokens) throw ValueError("rope_pool_fused supports fewer than 2^31 tokens, got " + std::to_string(T));
   if (a.k_pool.ndim == 4) {
     // an HND pool with no heads can have pages * page_size past int64
     const int64_t pages = a.k_pool.size(0), page_size = pool_page_size(a.k_pool, a.kv_layout);
@@ -162,8 +161,9 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (a.inplace) {
     bool ok = !has_internal_overlap(q) && !has_internal_overlap(k) && !may_overlap(q, k);
     for (int i = 2; i < nreads; ++i) ok = ok && !may_overlap(q, *reads[i]) && !may_overlap(k, *reads[i]);
-    require(ok, "with inplace=True, q and k must not overlap each other, themselves, v, positions, slots, "
-                "cos_sin_cache or the scales");
+    require(ok,
+            "with inplace=True, q and k must not overlap each other, themselves, v, positions, slots, "
+            "cos_sin_cache or the scales");
   }
 
   // fp8 pools and their scales.
@@ -191,8 +191,8 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (a.has_k_norm) weights[nweights++] = &a.k_norm_weight;
   for (int i = 0; i < nweights; ++i)
     if (!weights[i]->has_shape({a.head_dim}))
-      throw ValueError("q_norm_weight and k_norm_weight must have shape [head_dim] = [" +
-                       std::to_string(a.head_dim) + "], got " + shape_str(*weights[i]));
+      throw ValueError("q_norm_weight and k_norm_weight must have shape [head_dim] = [" + std::to_string(a.head_dim) +
+                       "], got " + shape_str(*weights[i]));
   for (int i = 0; i < nweights; ++i)
     if (weights[i]->dtype != DType::Float32 && weights[i]->dtype != q.dtype)
       throw ValueError(std::string("q_norm_weight and k_norm_weight must be float32 or q's dtype (") +

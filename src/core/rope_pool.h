@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "core/fast_divmod.h"  // ATTNPREP_HD
 #include "core/cuda_tuning.h"
+#include "core/fast_divmod.h"  // ATTNPREP_HD
 #include "core/rope_pool_params.h"
 #include "core/tensor.h"
 
@@ -24,9 +24,9 @@ KvLayout parse_kv_layout(const std::string& name);
 struct RopePoolArgs {
   TensorArg q, k, v, positions, slots, k_pool, v_pool;
   bool has_cache = false;
-  TensorArg cos_sin_cache;      // [max_position, rotary_dim], float32 or bfloat16
+  TensorArg cos_sin_cache;  // [max_position, rotary_dim], float32 or bfloat16
   bool has_k_scale = false, has_v_scale = false;
-  TensorArg k_scale, v_scale;   // fp8 pools: float32, [] / [1] / [num_kv_heads]
+  TensorArg k_scale, v_scale;  // fp8 pools: float32, [] / [1] / [num_kv_heads]
   KvLayout kv_layout = KvLayout::NHD;
   bool has_q_norm = false, has_k_norm = false;
   TensorArg q_norm_weight, k_norm_weight;  // [head_dim], float32 or q's dtype
@@ -37,7 +37,7 @@ struct RopePoolArgs {
   bool has_rotary_dim = false;  // false: rotary_dim is head_dim
   int64_t rotary_dim = 0;
   bool is_neox = true;
-  bool inplace = false;         // q_rot/k_rot are q/k themselves
+  bool inplace = false;  // q_rot/k_rot are q/k themselves
 
   int64_t rot() const { return has_rotary_dim ? rotary_dim : head_dim; }
   void set_rotary_dim(int64_t r) {
@@ -48,7 +48,7 @@ struct RopePoolArgs {
 
 // The kernels' index arithmetic is 32-bit within a token and the tokens go
 // on the grid's x dimension: these bounds are checked before any launch.
-constexpr int64_t kRopeMaxHeads = 65536;            // num_qo_heads + num_kv_heads
+constexpr int64_t kRopeMaxHeads = 65536;  // num_qo_heads + num_kv_heads
 constexpr int64_t kRopeMaxTokens = (int64_t{1} << 31) - 1;
 constexpr int64_t kRopeMaxPagedSlots = (int64_t{1} << 32) - 1;  // slot -> page is a 32-bit division
 
@@ -106,8 +106,8 @@ inline bool rope_norm_stage(int64_t blocks, int32_t multiprocessors) {
 // wave of 128-thread blocks took a second wave (64/8 heads at T = 256: 3.7
 // against 4.8 us replayed). multiprocessors <= 0 (unknown): no.
 inline bool rope_table_warp(int64_t blocks, int32_t multiprocessors, bool fp8) {
-  const int64_t per_sm = fp8 ? RopeCudaPolicy::norm_table_warp_fp8_min_blocks_per_sm
-                             : RopeCudaPolicy::norm_table_warp_min_blocks_per_sm;
+  const int64_t per_sm =
+      fp8 ? RopeCudaPolicy::norm_table_warp_fp8_min_blocks_per_sm : RopeCudaPolicy::norm_table_warp_min_blocks_per_sm;
   return multiprocessors > 0 && blocks <= per_sm * multiprocessors;
 }
 
@@ -153,8 +153,8 @@ inline bool rope_neox_full(const RopePoolParams& p, int32_t vector) {
 // (Unsigned arithmetic: the counts are never negative, and a signed division
 // costs the kernel registers.)
 ATTNPREP_HD int rope_items_per_block(int n_all, int splits, int lanes) {
-  const uint32_t share = (static_cast<uint32_t>(n_all) + static_cast<uint32_t>(splits) - 1u) /
-                         static_cast<uint32_t>(splits);
+  const uint32_t share =
+      (static_cast<uint32_t>(n_all) + static_cast<uint32_t>(splits) - 1u) / static_cast<uint32_t>(splits);
   const uint32_t whole = static_cast<uint32_t>(lanes);
   return static_cast<int>((share + whole - 1u) / whole * whole);
 }

@@ -23,7 +23,7 @@ typedef int32_t ap_i32;
 // flat [slots, heads, D] pool is page_size 1, stride_offset 0).
 struct RopePoolParams {
   ap_i64 num_tokens;
-  ap_i64 pool_size;           // slots: pages * page_size
+  ap_i64 pool_size;  // slots: pages * page_size
   ap_i64 page_size;
   ap_i64 q_stride_token, q_stride_head;
   ap_i64 k_stride_token, k_stride_head;
@@ -32,29 +32,29 @@ struct RopePoolParams {
   ap_i64 ko_stride_token, ko_stride_head;
   ap_i64 kp_stride_page, kp_stride_offset, kp_stride_head;
   ap_i64 vp_stride_page, vp_stride_offset, vp_stride_head;
-  ap_i64 cache_stride;        // elements between rows of cos_sin_cache
-  ap_i64 cache_len;           // rows of cos_sin_cache (max_position)
+  ap_i64 cache_stride;  // elements between rows of cos_sin_cache
+  ap_i64 cache_len;     // rows of cos_sin_cache (max_position)
   ap_i32 num_qo_heads, num_kv_heads;
   ap_i32 head_dim, rotary_dim;
-  ap_i32 is_neox;             // 1: rotate halves; 0: GPT-J interleaved pairs
-  ap_i32 use_cache;           // 1: cos/sin from cos_sin_cache; 0: from inv_freq
+  ap_i32 is_neox;    // 1: rotate halves; 0: GPT-J interleaved pairs
+  ap_i32 use_cache;  // 1: cos/sin from cos_sin_cache; 0: from inv_freq
   ap_i32 positions_int64, slots_int64;
-  ap_i32 cache_bf16;          // cos_sin_cache dtype: 1 bfloat16, 0 float32
-  ap_i32 width;               // elements per memory access (1, or 16 bytes' worth)
-  ap_i32 qk_items_per_head;   // work items of one q or k head (rotated + passed through)
-  ap_i32 v_items_per_head;    // work items of one v head (copied): groups j and j + head_dim / (2 width)
-                              // when head_dim / width is even (then this is half of it), else one group
-  ap_i32 pool_fp8;            // pools: 0 q's dtype, 1 float8_e4m3fn, 2 float8_e5m2 (stored x / scale)
-  ap_i32 k_scale_per_head;    // fp8: 1 k_scale has one entry per kv head, 0 one for all
+  ap_i32 cache_bf16;         // cos_sin_cache dtype: 1 bfloat16, 0 float32
+  ap_i32 width;              // elements per memory access (1, or 16 bytes' worth)
+  ap_i32 qk_items_per_head;  // work items of one q or k head (rotated + passed through)
+  ap_i32 v_items_per_head;   // work items of one v head (copied): groups j and j + head_dim / (2 width)
+                             // when head_dim / width is even (then this is half of it), else one group
+  ap_i32 pool_fp8;           // pools: 0 q's dtype, 1 float8_e4m3fn, 2 float8_e5m2 (stored x / scale)
+  ap_i32 k_scale_per_head;   // fp8: 1 k_scale has one entry per kv head, 0 one for all
   ap_i32 v_scale_per_head;
-  ap_i32 norm_q, norm_k;      // 1: RMS-normalize each q (k) head over head_dim before the rotation
+  ap_i32 norm_q, norm_k;          // 1: RMS-normalize each q (k) head over head_dim before the rotation
   ap_i32 q_norm_f32, k_norm_f32;  // norm weight dtype: 1 float32, 0 q's dtype
-  ap_i32 norm_lanes;          // CUDA norm kernel: lanes per head (a power of two <= 32) ...
-  ap_i32 norm_per_lane;       // ... each holding this many contiguous elements; the product is
-                              // head_dim rounded up to a power of two
-  float norm_eps;             // float32(norm_eps)
-  float norm_offset;          // 0: weight * T(normalized) (Llama/Qwen3); else (offset + weight) * normalized
-  ap_i32 cache_vector;        // 1: cos_sin_cache's rows and their sin halves start on 16-byte boundaries
+  ap_i32 norm_lanes;              // CUDA norm kernel: lanes per head (a power of two <= 32) ...
+  ap_i32 norm_per_lane;           // ... each holding this many contiguous elements; the product is
+                                  // head_dim rounded up to a power of two
+  float norm_eps;                 // float32(norm_eps)
+  float norm_offset;              // 0: weight * T(normalized) (Llama/Qwen3); else (offset + weight) * normalized
+  ap_i32 cache_vector;            // 1: cos_sin_cache's rows and their sin halves start on 16-byte boundaries
   float inv_freq[ATTNPREP_ROPE_MAX_HALF];  // float32(1 / base^(2i / rotary_dim)), used when !use_cache
 };
 

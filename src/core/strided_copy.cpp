@@ -11,8 +11,7 @@ bool job_allows(const CopyJob& job, int64_t vec) {
   // A vector must not straddle source elements that are not adjacent.
   if (job.src_elem_stride != job.itemsize && vec > job.itemsize) return false;
   if (!aligned(job.row_bytes, vec)) return false;
-  if (!aligned(reinterpret_cast<uintptr_t>(job.src), vec) ||
-      !aligned(reinterpret_cast<uintptr_t>(job.dst), vec))
+  if (!aligned(reinterpret_cast<uintptr_t>(job.src), vec) || !aligned(reinterpret_cast<uintptr_t>(job.dst), vec))
     return false;
   for (int d = 0; d < kCopyDims; ++d)
     if (!aligned(job.src_stride[d], vec) || !aligned(job.dst_stride[d], vec)) return false;
@@ -57,7 +56,8 @@ StridedCopyPlan plan_strided_copy(const CopyJob* jobs, int njobs) {
     for (int d = 0; d <= kCopyDims; ++d) {
       // Divisors are only used on the 32-bit path, where every dim is < 2^31.
       if (out.dims[d] >= (int64_t{1} << 31)) small = false;
-      out.div[d] = FastDivmod(static_cast<uint32_t>(out.dims[d] > 0 && out.dims[d] < (int64_t{1} << 31) ? out.dims[d] : 1));
+      out.div[d] =
+          FastDivmod(static_cast<uint32_t>(out.dims[d] > 0 && out.dims[d] < (int64_t{1} << 31) ? out.dims[d] : 1));
     }
     if (out.total >= (int64_t{1} << 31)) small = false;
   }

@@ -23,8 +23,8 @@ struct CopyJob {
   int64_t dims[kCopyDims] = {1, 1, 1, 1};  // outer dims, outermost first
   int64_t src_stride[kCopyDims] = {};
   int64_t dst_stride[kCopyDims] = {};
-  int64_t row_bytes = 0;         // bytes of one row at the destination
-  int64_t src_elem_stride = 0;   // bytes between a row's elements at the source
+  int64_t row_bytes = 0;        // bytes of one row at the destination
+  int64_t src_elem_stride = 0;  // bytes between a row's elements at the source
   int32_t itemsize = 1;
 };
 
@@ -36,26 +36,25 @@ struct CopyJobPlan {
   unsigned char* dst;
   int64_t src_stride[kCopyDims];
   int64_t dst_stride[kCopyDims];
-  int64_t src_vec_stride;        // bytes between consecutive vectors of a row
-  int64_t total;                 // vectors in this job
-  int64_t dims[kCopyDims + 1];   // outer dims + vectors per row
-  FastDivmod div[kCopyDims + 1]; // same, for the 32-bit index path
+  int64_t src_vec_stride;         // bytes between consecutive vectors of a row
+  int64_t total;                  // vectors in this job
+  int64_t dims[kCopyDims + 1];    // outer dims + vectors per row
+  FastDivmod div[kCopyDims + 1];  // same, for the 32-bit index path
 };
 
 struct StridedCopyPlan {
   CopyJobPlan jobs[kMaxCopyJobs];
   int32_t njobs = 0;
-  int32_t vec_bytes = 1;   // 16, 8, 4, 2 or 1
-  int32_t index_bits = 32; // 32: every job's total < 2^31, fast divmod; else 64
-  int64_t max_total = 0;   // launch grid covers this many vectors per job
+  int32_t vec_bytes = 1;    // 16, 8, 4, 2 or 1
+  int32_t index_bits = 32;  // 32: every job's total < 2^31, fast divmod; else 64
+  int64_t max_total = 0;    // launch grid covers this many vectors per job
 };
 
 // Where vector `idx` of a job is read from and written to (byte offsets).
 // Shared by the CUDA kernel and the host-side plan tests, so CI checks the
 // index arithmetic the GPU runs. Index32 uses the multiply-shift divisors.
 template <bool Index32>
-ATTNPREP_HD void copy_offsets(const CopyJobPlan& job, int64_t idx, int64_t vec_bytes, int64_t& src,
-                              int64_t& dst) {
+ATTNPREP_HD void copy_offsets(const CopyJobPlan& job, int64_t idx, int64_t vec_bytes, int64_t& src, int64_t& dst) {
   int64_t coord[kCopyDims + 1];
   if constexpr (Index32) {
     uint32_t n = static_cast<uint32_t>(idx);

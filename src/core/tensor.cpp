@@ -9,16 +9,52 @@ namespace {
 
 // DType, in its order, as torch prints it.
 constexpr const char* kDTypeNames[] = {
-    "torch.float16", "torch.bfloat16", "torch.float32", "torch.float64",
-    "torch.float8_e4m3fn", "torch.float8_e5m2",
-    "torch.int8", "torch.uint8", "torch.int16", "torch.int32", "torch.int64", "torch.bool",
-    "torch.complex64", "torch.complex128",
-    "torch.uint16", "torch.uint32", "torch.uint64", "torch.complex32",
-    "torch.float8_e4m3fnuz", "torch.float8_e5m2fnuz", "torch.float8_e8m0fnu", "torch.float4_e2m1fn_x2",
-    "torch.int1", "torch.int2", "torch.int3", "torch.int4", "torch.int5", "torch.int6", "torch.int7",
-    "torch.uint1", "torch.uint2", "torch.uint3", "torch.uint4", "torch.uint5", "torch.uint6", "torch.uint7",
-    "torch.bits1x8", "torch.bits2x4", "torch.bits4x2", "torch.bits8", "torch.bits16",
-    "torch.qint8", "torch.quint8", "torch.qint32", "torch.quint4x2", "torch.quint2x4",
+    "torch.float16",
+    "torch.bfloat16",
+    "torch.float32",
+    "torch.float64",
+    "torch.float8_e4m3fn",
+    "torch.float8_e5m2",
+    "torch.int8",
+    "torch.uint8",
+    "torch.int16",
+    "torch.int32",
+    "torch.int64",
+    "torch.bool",
+    "torch.complex64",
+    "torch.complex128",
+    "torch.uint16",
+    "torch.uint32",
+    "torch.uint64",
+    "torch.complex32",
+    "torch.float8_e4m3fnuz",
+    "torch.float8_e5m2fnuz",
+    "torch.float8_e8m0fnu",
+    "torch.float4_e2m1fn_x2",
+    "torch.int1",
+    "torch.int2",
+    "torch.int3",
+    "torch.int4",
+    "torch.int5",
+    "torch.int6",
+    "torch.int7",
+    "torch.uint1",
+    "torch.uint2",
+    "torch.uint3",
+    "torch.uint4",
+    "torch.uint5",
+    "torch.uint6",
+    "torch.uint7",
+    "torch.bits1x8",
+    "torch.bits2x4",
+    "torch.bits4x2",
+    "torch.bits8",
+    "torch.bits16",
+    "torch.qint8",
+    "torch.quint8",
+    "torch.qint32",
+    "torch.quint4x2",
+    "torch.quint2x4",
 };
 static_assert(sizeof(kDTypeNames) / sizeof(kDTypeNames[0]) == static_cast<size_t>(DType::Other),
               "a name for every DType but Other");
@@ -41,8 +77,7 @@ const char* dtype_name(DType dtype) {
   const auto i = static_cast<size_t>(dtype);
   if (i < kKnown) return kDTypeNames[i];
   std::lock_guard<std::mutex> lock(newer_mutex);
-  return i > kKnown && i - kKnown - 1 < newer_names().size() ? newer_names()[i - kKnown - 1].c_str()
-                                                             : "unknown dtype";
+  return i > kKnown && i - kKnown - 1 < newer_names().size() ? newer_names()[i - kKnown - 1].c_str() : "unknown dtype";
 }
 
 DType dtype_from_name(const std::string& name) {
@@ -115,10 +150,14 @@ std::string shape_str(const TensorArg& t) {
 
 std::string device_str(const Device& device) {
   switch (device.type) {
-    case DeviceType::CPU: return "cpu";
-    case DeviceType::CUDA: return "cuda:" + std::to_string(device.index);
-    case DeviceType::MPS: return "mps:" + std::to_string(device.index);
-    default: return "another device";
+    case DeviceType::CPU:
+      return "cpu";
+    case DeviceType::CUDA:
+      return "cuda:" + std::to_string(device.index);
+    case DeviceType::MPS:
+      return "mps:" + std::to_string(device.index);
+    default:
+      return "another device";
   }
 }
 

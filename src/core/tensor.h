@@ -26,18 +26,54 @@ struct Device {
 // prints it, kept for the process); `Other` is one whose name nobody gave:
 // it prints as "unknown dtype". Byte sizes are kept separately.
 enum class DType : int32_t {
-  Float16, BFloat16, Float32, Float64,
-  Float8E4M3FN, Float8E5M2,
-  Int8, UInt8, Int16, Int32, Int64, Bool,
-  Complex64, Complex128,
+  Float16,
+  BFloat16,
+  Float32,
+  Float64,
+  Float8E4M3FN,
+  Float8E5M2,
+  Int8,
+  UInt8,
+  Int16,
+  Int32,
+  Int64,
+  Bool,
+  Complex64,
+  Complex128,
   // no op computes with these; pack_qkv_destination_major copies them
-  UInt16, UInt32, UInt64, Complex32,
-  Float8E4M3FNUZ, Float8E5M2FNUZ, Float8E8M0FNU, Float4E2M1FNx2,
-  Int1, Int2, Int3, Int4, Int5, Int6, Int7,
-  UInt1, UInt2, UInt3, UInt4, UInt5, UInt6, UInt7,
+  UInt16,
+  UInt32,
+  UInt64,
+  Complex32,
+  Float8E4M3FNUZ,
+  Float8E5M2FNUZ,
+  Float8E8M0FNU,
+  Float4E2M1FNx2,
+  Int1,
+  Int2,
+  Int3,
+  Int4,
+  Int5,
+  Int6,
+  Int7,
+  UInt1,
+  UInt2,
+  UInt3,
+  UInt4,
+  UInt5,
+  UInt6,
+  UInt7,
   // torch cannot export these through DLPack: only fake tensors reach the checks with them
-  Bits1x8, Bits2x4, Bits4x2, Bits8, Bits16,
-  QInt8, QUInt8, QInt32, QUInt4x2, QUInt2x4,
+  Bits1x8,
+  Bits2x4,
+  Bits4x2,
+  Bits8,
+  Bits16,
+  QInt8,
+  QUInt8,
+  QInt32,
+  QUInt4x2,
+  QUInt2x4,
   Other,
 };
 
@@ -50,11 +86,11 @@ DType dtype_from_name(const std::string& name);
 constexpr int kMaxDims = 8;
 
 struct TensorArg {
-  void* data = nullptr;            // first element (DLPack byte_offset applied)
+  void* data = nullptr;  // first element (DLPack byte_offset applied)
   DType dtype = DType::Float32;
-  int32_t itemsize = 4;            // bytes per element
+  int32_t itemsize = 4;  // bytes per element
   Device device{};
-  int32_t ndim = 0;                // may exceed kMaxDims: then only the checks' "wrong rank" path uses it
+  int32_t ndim = 0;  // may exceed kMaxDims: then only the checks' "wrong rank" path uses it
   int64_t shape[kMaxDims] = {};
   int64_t strides[kMaxDims] = {};  // in elements, as torch reports them
   // Every dimension's size when ndim > kMaxDims (borrowed from the caller's
@@ -74,7 +110,7 @@ struct TensorArg {
   // plans must not multiply it out.
   int64_t byte_stride(int d) const { return size(d) > 1 && numel() > 0 ? stride(d) * itemsize : 0; }
   int64_t numel() const;
-  bool is_contiguous() const;       // torch's rule: size-1 dims may have any stride
+  bool is_contiguous() const;  // torch's rule: size-1 dims may have any stride
   bool same_shape(const TensorArg& o) const;
   bool has_shape(std::initializer_list<int64_t> dims) const;
 

@@ -7,8 +7,7 @@
 namespace attnprep::core {
 
 void check_usp_merge_heads(const TensorArg& x, int64_t out_shape[5]) {
-  if (x.ndim != 5)
-    throw ValueError("usp_merge_heads expects x to be 5-D [W, S, B, h_local, D], got " + shape_str(x));
+  if (x.ndim != 5) throw ValueError("usp_merge_heads expects x to be 5-D [W, S, B, h_local, D], got " + shape_str(x));
   require(x.device.type == DeviceType::CUDA, "usp_merge_heads expects a CUDA tensor");
   if (x.dtype != DType::Float16 && x.dtype != DType::BFloat16 && x.dtype != DType::Float32)
     throw ValueError(std::string("Unsupported usp_merge_heads dtype: ") + dtype_name(x.dtype));

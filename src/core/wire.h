@@ -30,8 +30,8 @@ constexpr int64_t wire_row_bytes(int64_t blocks, int64_t head_size) {
 struct WireMap {
   const unsigned char* plain_base = nullptr;  // where the plan's plain-side pointers start
   unsigned char* wire = nullptr;
-  int64_t row_bytes = 0;    // of a wire row
-  int64_t values_bytes = 0; // blocks * head_size: where a wire row's scales start
+  int64_t row_bytes = 0;     // of a wire row
+  int64_t values_bytes = 0;  // blocks * head_size: where a wire row's scales start
   int32_t head_size = 0;
   int32_t block_shift = 0;  // log2 of a plain block's bytes
   int32_t item_shift = 0;   // log2 of the plain itemsize
@@ -55,7 +55,7 @@ struct WirePlan {
   WireMap map;
   DType dtype = DType::BFloat16;  // of the plain side
   WireFormat format = WireFormat::E4M3FN;
-  bool quantize = true;           // plain -> wire; false: wire -> plain
+  bool quantize = true;  // plain -> wire; false: wire -> plain
 };
 
 // Whether the kernels take these tensors: head_size * itemsize a power of two

@@ -44,16 +44,16 @@ inline uint16_t float_to_half(float f) {
   const uint32_t u = float_to_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return sign | 0x7e00u;               // NaN
-  if (a >= 0x477ff000u) return sign | 0x7c00u;              // overflow to inf (>= 65520)
-  if (a < 0x38800000u) {                                    // subnormal or zero in half
-    const float v = bits_to_float(a) * 16777216.0f;         // exact: scale by 2^24
+  if (a > 0x7f800000u) return sign | 0x7e00u;        // NaN
+  if (a >= 0x477ff000u) return sign | 0x7c00u;       // overflow to inf (>= 65520)
+  if (a < 0x38800000u) {                             // subnormal or zero in half
+    const float v = bits_to_float(a) * 16777216.0f;  // exact: scale by 2^24
     uint32_t m = static_cast<uint32_t>(v);
     const float rem = v - static_cast<float>(m);
     if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
     return sign | static_cast<uint16_t>(m);
   }
-  uint32_t r = a - 0x38000000u;                             // rebias exponent 127 -> 15
+  uint32_t r = a - 0x38000000u;  // rebias exponent 127 -> 15
   r += 0xfffu + ((r >> 13) & 1u);
   return sign | static_cast<uint16_t>(r >> 13);
 }

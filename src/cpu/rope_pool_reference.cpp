@@ -18,8 +18,12 @@ double read_scalar(const core::TensorArg& t, int64_t offset) {
       std::memcpy(&f, base, 4);
       return f;
     }
-    case core::DType::Float16: std::memcpy(&h, base, 2); return half_to_float(h);
-    case core::DType::BFloat16: std::memcpy(&h, base, 2); return bf16_to_float(h);
+    case core::DType::Float16:
+      std::memcpy(&h, base, 2);
+      return half_to_float(h);
+    case core::DType::BFloat16:
+      std::memcpy(&h, base, 2);
+      return bf16_to_float(h);
     case core::DType::Int32: {
       int32_t i;
       std::memcpy(&i, base, 4);
@@ -30,7 +34,8 @@ double read_scalar(const core::TensorArg& t, int64_t offset) {
       std::memcpy(&i, base, 8);
       return static_cast<double>(i);
     }
-    default: return std::numeric_limits<double>::quiet_NaN();
+    default:
+      return std::numeric_limits<double>::quiet_NaN();
   }
 }
 
@@ -55,8 +60,8 @@ float round_to(core::DType dt, float x) {
 
 }  // namespace
 
-std::vector<float> rms_norm_head(const std::vector<float>& x, const core::TensorArg& weight, core::DType dt,
-                                 double eps, double offset) {
+std::vector<float> rms_norm_head(const std::vector<float>& x, const core::TensorArg& weight, core::DType dt, double eps,
+                                 double offset) {
   const size_t n = x.size();
   // Pairwise sum of squares over n padded with zeros to a power of two:
   // adjacent pairs, then adjacent pair sums, ... (docs/contract.md). A

@@ -12,10 +12,10 @@
 namespace attnprep::cpu {
 
 struct RopePoolReference {
-  std::vector<double> q_rot;  // [T, num_qo_heads, head_dim], contiguous
-  std::vector<double> k_rot;  // [T, num_kv_heads, head_dim], contiguous
-  std::vector<float> q_in, k_in;  // what was rotated: q and k, QK-normalized where asked; same layouts
-  std::vector<bool> pos_ok;   // per token: false when a cos_sin_cache row was out of range (outputs NaN)
+  std::vector<double> q_rot;         // [T, num_qo_heads, head_dim], contiguous
+  std::vector<double> k_rot;         // [T, num_kv_heads, head_dim], contiguous
+  std::vector<float> q_in, k_in;     // what was rotated: q and k, QK-normalized where asked; same layouts
+  std::vector<bool> pos_ok;          // per token: false when a cos_sin_cache row was out of range (outputs NaN)
   std::vector<int64_t> pool_writer;  // per slot (pages * page_size of a paged pool): the token that writes it, or -1
 };
 
@@ -25,8 +25,8 @@ RopePoolReference rope_pool_reference(const core::RopePoolArgs& a);
 // One head RMS-normalized as docs/contract.md defines the QK norm, in float32
 // step by step: x holds the head's values (exact in dtype `dt`), weight is
 // the [head_dim] host tensor; the result is rounded to `dt`.
-std::vector<float> rms_norm_head(const std::vector<float>& x, const core::TensorArg& weight, core::DType dt,
-                                 double eps, double offset);
+std::vector<float> rms_norm_head(const std::vector<float>& x, const core::TensorArg& weight, core::DType dt, double eps,
+                                 double offset);
 
 // Element (t, h, d) of a [T, H, D] host tensor as double.
 double read_element(const core::TensorArg& t, int64_t i0, int64_t i1, int64_t i2);

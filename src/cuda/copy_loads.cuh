@@ -29,8 +29,10 @@ __device__ __forceinline__ V load(const V* p) {
 // load<V, true> marks its lines.
 template <bool kEvictLast>
 __device__ __forceinline__ void prefetch_l2(const void* p) {
-  if constexpr (kEvictLast) asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p));
-  else asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+  if constexpr (kEvictLast)
+    asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p));
+  else
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
 }  // namespace attnprep::cuda

@@ -21,7 +21,8 @@ constexpr bool kEvictLast = kInputOrder && CopyCudaPolicy::large_loads_evict_las
 
 // One 16-byte vector of the pack per thread, the walk of core::pack_flat_step.
 template <bool kInputOrder>
-__global__ void __launch_bounds__(kThreads<kInputOrder>) pack_flat_kernel(const __grid_constant__ core::PackFlatPlan p) {
+__global__ void __launch_bounds__(kThreads<kInputOrder>)
+    pack_flat_kernel(const __grid_constant__ core::PackFlatPlan p) {
   // The next kernel on the stream may start placing its work while this one copies.
   if constexpr (kPdl<kInputOrder>) let_next_kernel_start();
   const uint32_t i = blockIdx.x * kThreads<kInputOrder> + threadIdx.x;  // total < 2^31

@@ -53,8 +53,10 @@ __device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const R
 // *a from global memory by a read-only load (kGlobal) or from shared memory.
 template <bool kGlobal, typename V>
 __device__ __forceinline__ V read_cos_sin(const V* a) {
-  if constexpr (kGlobal) return __ldg(a);
-  else return *a;
+  if constexpr (kGlobal)
+    return __ldg(a);
+  else
+    return *a;
 }
 
 // N (cos, sin) pairs from float32 cosines at `cos` and sines at `sin`, 16
@@ -142,8 +144,8 @@ __device__ __forceinline__ void row_cos_sin(const RopePoolParams& p, const RopeP
 // is known: the row of a new position is usually in DRAM, and the read itself
 // comes only after the item's loads (and its norm), so without this its round
 // trip adds to every block's first round, and to the kernel's last wave.
-__device__ __forceinline__ void prefetch_row_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr,
-                                                     int64_t pos, int freq) {
+__device__ __forceinline__ void prefetch_row_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
+                                                     int freq) {
   const int elem = p.cache_bf16 ? 2 : 4;
   const char* row = static_cast<const char*>(ptr.cos_sin_cache) + (pos * p.cache_stride + freq) * elem;
   asm volatile("prefetch.global.L1 [%0];\n" ::"l"(row));
@@ -156,8 +158,10 @@ __device__ __forceinline__ void prefetch_row_cos_sin(const RopePoolParams& p, co
 // barrier that follows it (warp_rows_ready).
 __device__ __forceinline__ void copy_async(void* smem, const void* gmem, int bytes) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if (bytes == 16) asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-  else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
+  if (bytes == 16)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
 }
 __device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
@@ -187,9 +191,10 @@ __device__ __forceinline__ void copy_warp_weights(const RopePoolPointers& ptr, c
   for (int c = lane; c < 2 * rows.weight_chunks; c += 32) {
     const bool k = c >= rows.weight_chunks;
     if (k ? copy_k : copy_q)
-      copy_async(area + rows.row_chunks + c,
-                 static_cast<const uint4*>(k ? ptr.k_norm_weight : ptr.q_norm_weight) + (c - (k ? rows.weight_chunks : 0)),
-                 16);
+      copy_async(
+          area + rows.row_chunks + c,
+          static_cast<const uint4*>(k ? ptr.k_norm_weight : ptr.q_norm_weight) + (c - (k ? rows.weight_chunks : 0)),
+          16);
   }
 }
 // The row's copies, by the warp's lanes (NaN for a position outside the
@@ -201,8 +206,10 @@ __device__ __forceinline__ void copy_warp_row(const RopePoolParams& p, const Rop
                                                     (pos_ok ? pos : 0) * p.cache_stride * elem);
 #pragma unroll 1
   for (int c = lane; c < rows.row_chunks; c += 32) {
-    if (pos_ok) copy_async(area + c, row + c, 16);
-    else area[c] = make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);  // NaN as float32 and as bfloat16
+    if (pos_ok)
+      copy_async(area + c, row + c, 16);
+    else
+      area[c] = make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);  // NaN as float32 and as bfloat16
   }
 }
 // Before a warp's items read its rows: the lane's own copies landed, then

@@ -115,10 +115,14 @@ cudaError_t with_element_type(core::DType dtype, bool fp8, F&& f) {
   using Fp8 = std::true_type;
   using Same = std::false_type;
   switch (dtype) {
-    case core::DType::Float16: return fp8 ? f(__half{}, Fp8{}) : f(__half{}, Same{});
-    case core::DType::BFloat16: return fp8 ? f(__nv_bfloat16{}, Fp8{}) : f(__nv_bfloat16{}, Same{});
-    case core::DType::Float32: return fp8 ? f(float{}, Fp8{}) : f(float{}, Same{});
-    default: return cudaErrorInvalidValue;
+    case core::DType::Float16:
+      return fp8 ? f(__half{}, Fp8{}) : f(__half{}, Same{});
+    case core::DType::BFloat16:
+      return fp8 ? f(__nv_bfloat16{}, Fp8{}) : f(__nv_bfloat16{}, Same{});
+    case core::DType::Float32:
+      return fp8 ? f(float{}, Fp8{}) : f(float{}, Same{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

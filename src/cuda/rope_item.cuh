@@ -41,7 +41,7 @@ struct Item {
   bool is_q = false, is_v = false, two = false;
   int head = 0;
   const T* src = nullptr;
-  T* dst = nullptr;   // q_rot/k_rot; null for v and for in-place pass-through
+  T* dst = nullptr;  // q_rot/k_rot; null for v and for in-place pass-through
   int lo_off = 0, hi_off = 0, freq = 0;
   Group<T, W> lo, hi;
   // kRowCs with the QK norm: the item's 2-byte weights (pair_weights)
@@ -251,8 +251,10 @@ struct Item {
           table_cos_sin<W>(cs, freq, row);
         }
         const auto at = [&](int i) {
-          if constexpr (kNeoxFull) return row[i];
-          else return table_cos_sin(cs, freq + i);
+          if constexpr (kNeoxFull)
+            return row[i];
+          else
+            return table_cos_sin(cs, freq + i);
         };
 #pragma unroll
         for (int j = 0; j < W / 2; ++j) {

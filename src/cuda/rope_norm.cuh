@@ -69,10 +69,14 @@ __device__ __forceinline__ float staged_weight(uint32_t bits, bool on, bool f32,
 template <typename T>
 __device__ __forceinline__ void store_norm_weights(float* w, const RopePoolParams& p, int i, NormWeightBits b,
                                                    bool raw_q, bool raw_k) {
-  if (raw_q) reinterpret_cast<unsigned short*>(w)[i] = static_cast<unsigned short>(b.q);
-  else w[i] = staged_weight<T>(b.q, p.norm_q, p.q_norm_f32, p.norm_offset);
-  if (raw_k) reinterpret_cast<unsigned short*>(w + kNormWeightsK)[i] = static_cast<unsigned short>(b.k);
-  else w[kNormWeightsK + i] = staged_weight<T>(b.k, p.norm_k, p.k_norm_f32, p.norm_offset);
+  if (raw_q)
+    reinterpret_cast<unsigned short*>(w)[i] = static_cast<unsigned short>(b.q);
+  else
+    w[i] = staged_weight<T>(b.q, p.norm_q, p.q_norm_f32, p.norm_offset);
+  if (raw_k)
+    reinterpret_cast<unsigned short*>(w + kNormWeightsK)[i] = static_cast<unsigned short>(b.k);
+  else
+    w[kNormWeightsK + i] = staged_weight<T>(b.k, p.norm_k, p.k_norm_f32, p.norm_offset);
 }
 
 // The staging threads: thread `first` stages elements first, first + stride,
@@ -133,9 +137,7 @@ __device__ __forceinline__ float norm_factor_pow2(float ss, float inv_head_dim, 
 }
 // 1 / head_dim for head_dim a power of two 2^k: 2^-k, built from its exponent
 // bits (exact, and no division between the butterfly and the root).
-__device__ __forceinline__ float inv_pow2(int head_dim) {
-  return __int_as_float((127 - (31 - __clz(head_dim))) << 23);
-}
+__device__ __forceinline__ float inv_pow2(int head_dim) { return __int_as_float((127 - (31 - __clz(head_dim))) << 23); }
 
 // x inv rounded to T and back (kNormRoundThenWeight), for a pair.
 template <typename T>

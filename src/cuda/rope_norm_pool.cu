@@ -32,10 +32,10 @@ constexpr int kMaxPerLane = Policy::norm_max_per_lane;
 template <typename T>
 struct Task {
   const T* src = nullptr;
-  T* dst = nullptr;             // q_rot/k_rot row; null for v
-  bool normed = false;          // the head is normalized (weights: is_k ? k's : q's)
+  T* dst = nullptr;     // q_rot/k_rot row; null for v
+  bool normed = false;  // the head is normalized (weights: is_k ? k's : q's)
   bool is_k = false, is_v = false, to_pool = false;
-  int head = 0;                 // within q, k or v
+  int head = 0;  // within q, k or v
 
   __device__ __forceinline__ Task(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t, int task) {
     const int hq = p.num_qo_heads, hkv = p.num_kv_heads;
@@ -140,8 +140,10 @@ __global__ void __launch_bounds__(kThreads, Policy::general_norm_min_blocks_per_
 #pragma unroll
       for (int j = 0; j < kGroups; ++j)
         if (has[j]) {
-          if (round_first) normalize_group<kNormRoundThenWeight>(x[j], w + j * W, inv);
-          else normalize_group<kNormOffsetWeight>(x[j], w + j * W, inv);
+          if (round_first)
+            normalize_group<kNormRoundThenWeight>(x[j], w + j * W, inv);
+          else
+            normalize_group<kNormOffsetWeight>(x[j], w + j * W, inv);
         }
     }
 

@@ -12,8 +12,8 @@ struct RopePoolPointers {
   const void* q;
   const void* k;
   const void* v;
-  void* q_rot;   // == q when inplace
-  void* k_rot;   // == k when inplace
+  void* q_rot;  // == q when inplace
+  void* k_rot;  // == k when inplace
   void* k_pool;
   void* v_pool;
   const void* positions;

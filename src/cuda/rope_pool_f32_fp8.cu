@@ -2,4 +2,4 @@
 #include "cuda/rope_pool_launch.cuh"
 
 template cudaError_t attnprep::cuda::rope::launch_rope_pool<float, true>(const RopePoolParams&, const RopePoolPointers&,
-                                                                     cudaStream_t);
+                                                                         cudaStream_t);

@@ -28,7 +28,8 @@ enum class CosSin : int {
 // blocks per multiprocessor.
 constexpr int rope_min_blocks_per_sm(bool norm, bool fp8, int ahead, bool table_warp, bool short_token) {
   if (!norm) return Policy::min_blocks_per_sm;
-  if (table_warp) return fp8 ? Policy::norm_table_warp_fp8_min_blocks_per_sm : Policy::norm_table_warp_min_blocks_per_sm;
+  if (table_warp)
+    return fp8 ? Policy::norm_table_warp_fp8_min_blocks_per_sm : Policy::norm_table_warp_min_blocks_per_sm;
   if (ahead == 0 && !fp8) return Policy::norm_one_round_min_blocks_per_sm;
   if (short_token) return Policy::norm_short_token_min_blocks_per_sm;
   return Policy::norm_min_blocks_per_sm;
@@ -118,9 +119,7 @@ constexpr int kTableBarrier = 1;
 // rest after the wait.
 constexpr int kTableWarpParked = 2;
 // A table-warp block's item threads (those before the table warp).
-__device__ __forceinline__ int item_threads() {
-  return static_cast<int>(blockDim.x) - Policy::table_warp_threads;
-}
+__device__ __forceinline__ int item_threads() { return static_cast<int>(blockDim.x) - Policy::table_warp_threads; }
 __device__ __forceinline__ void table_done() {
   asm volatile("bar.arrive %0, %1;" ::"n"(kTableBarrier), "r"(blockDim.x) : "memory");
 }
@@ -165,7 +164,7 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
   // items): 64-bit divisions here sit between the launch and the first load.
   const int n_qk = (p.num_qo_heads + p.num_kv_heads) * p.qk_items_per_head;
   const int n_all = n_qk + p.num_kv_heads * p.v_items_per_head;
-  const int lanes = p.qk_items_per_head;  // kNorm: a power of two, at most 32
+  const int lanes = p.qk_items_per_head;            // kNorm: a power of two, at most 32
   const float inv_head_dim = inv_pow2(p.head_dim);  // kNorm: a power of two
   // Slices in reverse: a split token's last slice (its k and v heads: the
   // pool writes, with fp8 pools all of the conversion) is its longest, and
@@ -282,7 +281,8 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
     commit_async_copies();
   }
 #pragma unroll
-  for (int r = 1; r <= kAhead; ++r) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
+  for (int r = 1; r <= kAhead; ++r)
+    prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + r * static_cast<int>(blockDim.x), end, n_qk);
   // The norm weights, staged around the table (start_norm_weights), by every
   // thread of the block; kTableWarp: by the item threads, each storing its
   // share before it signals or waits at the table barrier.
@@ -308,13 +308,16 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
     }
   } else if constexpr (!kRowCs) {
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      const float2 r = token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? cs[i] : p.inv_freq[i]);
+      const float2 r =
+          token_cos_sin(p, ptr, pos, pos_ok, i, i == static_cast<int>(threadIdx.x) ? cs[i] : p.inv_freq[i]);
       cs[i] = r.x;
       cs[kTableSin + i] = r.y;
     }
     if constexpr (kNorm != kNoNorm) {
-      if (async_w) wait_async_copies();
-      else finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k);
+      if (async_w)
+        wait_async_copies();
+      else
+        finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k);
     }
     __syncthreads();
   }
@@ -324,8 +327,10 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
     if (!async_w)
       finish_norm_weights<T>(norm_w, p, ptr, first_w, kNeoxFull && copy_q, kNeoxFull && copy_k,
                              static_cast<int>(threadIdx.x), item_threads());
-    if (wait) wait_for_table();
-    else table_done();
+    if (wait)
+      wait_for_table();
+    else
+      table_done();
   };
   bool table_waited = false;  // kTableWarp: whether this (item) warp has waited for the table
   for (;;) {
@@ -342,10 +347,13 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
       }
       if constexpr (kWarpRows)
         if (warp_rows) warp_rows_ready();  // (after the first round: no copies left, a no-op)
-      if (active) it.template finish<kFp8, kNorm, kRowCs, kWarpRows>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, rows, area);
+      if (active)
+        it.template finish<kFp8, kNorm, kRowCs, kWarpRows>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv,
+                                                           scale, rows, area);
     } else {
       if (!active) break;
-      it.template finish<kFp8, kNorm, kRowCs, kWarpRows>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv, scale, rows, area);
+      it.template finish<kFp8, kNorm, kRowCs, kWarpRows>(p, ptr, ix, cs, pos, pos_ok, slot, write_pool, norm_w, inv,
+                                                         scale, rows, area);
     }
     // One-round blocks have no second item (core::plan_rope_cuda_launch).
     if constexpr ((kWarpRows || kTableWarp) && kAhead == 0) break;
@@ -354,7 +362,8 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
       it.locate(p, ptr, ix, t, item, n_qk);
       it.template load<kEvictLast>();
       scale = it.template pool_scale_of<kFp8>(p, ptr);
-      if constexpr (kAhead > 0) prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
+      if constexpr (kAhead > 0)
+        prefetch_item<T, W, kNeoxFull>(p, ptr, ix, t, item + kAhead * static_cast<int>(blockDim.x), end, n_qk);
     }
   }
   if constexpr (kTableWarp)

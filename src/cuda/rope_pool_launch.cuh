@@ -42,7 +42,8 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
         // (RopeCudaPolicy::norm_short_token_max_rounds).
         const int64_t items = core::rope_items_per_token(p);
         const bool short_token = items <= int64_t{Policy::norm_short_token_max_rounds} * shape.threads;
-        const int64_t per_sm = short_token ? Policy::norm_short_token_min_blocks_per_sm : Policy::norm_min_blocks_per_sm;
+        const int64_t per_sm =
+            short_token ? Policy::norm_short_token_min_blocks_per_sm : Policy::norm_min_blocks_per_sm;
         const int64_t tail_share = short_token ? Policy::norm_short_token_tail_share : 1;
         const int64_t blocks = core::plan_rope_cuda_tail(ix, items, p.num_tokens, shape.threads, p.qk_items_per_head,
                                                          per_sm * multiprocessors_on_current_device(), tail_share);
@@ -71,11 +72,10 @@ cudaError_t launch_shape(const RopePoolParams& p, const RopePoolPointers& ptrs, 
       // one wave (core::rope_table_warp).
       if (core::rope_table_warp(static_cast<int64_t>(grid.x) * grid.y, multiprocessors_on_current_device(), kFp8)) {
         const dim3 with_table(shape.threads + Policy::table_warp_threads);
-        return round_first
-                   ? launch_kernel(rope_pool_kernel<typename Variants::template NormOneRoundTableWarp<kRound>>, grid,
-                                   with_table, stream, ptrs, ix, p)
-                   : launch_kernel(rope_pool_kernel<typename Variants::template NormOneRoundTableWarp<kOffset>>, grid,
-                                   with_table, stream, ptrs, ix, p);
+        return round_first ? launch_kernel(rope_pool_kernel<typename Variants::template NormOneRoundTableWarp<kRound>>,
+                                           grid, with_table, stream, ptrs, ix, p)
+                           : launch_kernel(rope_pool_kernel<typename Variants::template NormOneRoundTableWarp<kOffset>>,
+                                           grid, with_table, stream, ptrs, ix, p);
       }
     }
     return round_first ? launch_kernel(rope_pool_kernel<typename Variants::template NormOneRound<kRound>>, grid, block,
@@ -101,7 +101,8 @@ cudaError_t launch_rope_pool(const RopePoolParams& p, const RopePoolPointers& pt
   // directly where they are aligned.
   const bool rows = p.use_cache && p.cache_vector && (!p.norm_q || on16(ptrs.q_norm_weight)) &&
                     (!p.norm_k || on16(ptrs.k_norm_weight));
-  return rows ? launch_shape<T, kFp8, true, true>(p, ptrs, stream) : launch_shape<T, kFp8, true, false>(p, ptrs, stream);
+  return rows ? launch_shape<T, kFp8, true, true>(p, ptrs, stream)
+              : launch_shape<T, kFp8, true, false>(p, ptrs, stream);
 }
 
 }  // namespace attnprep::cuda::rope

@@ -43,16 +43,14 @@ __device__ __forceinline__ TokenPlace token_place(const RopePoolParams& p, const
 // which would cost registers.
 __device__ __forceinline__ int64_t pool_row(const RopePoolParams& p, const core::FastDivmod& page_div, int64_t slot,
                                             int head, bool is_v) {
-  const int64_t page = p.page_size == 1 ? slot
-                                        : static_cast<int64_t>(page_div.div_wide(static_cast<uint32_t>(slot)));
+  const int64_t page = p.page_size == 1 ? slot : static_cast<int64_t>(page_div.div_wide(static_cast<uint32_t>(slot)));
   const int64_t offset = slot - page * p.page_size;
   return is_v ? page * p.vp_stride_page + offset * p.vp_stride_offset + head * p.vp_stride_head
               : page * p.kp_stride_page + offset * p.kp_stride_offset + head * p.kp_stride_head;
 }
 
 // The dequantization scale of a head's fp8 pool row.
-__device__ __forceinline__ float pool_scale(const RopePoolParams& p, const RopePoolPointers& ptr, int head,
-                                            bool is_v) {
+__device__ __forceinline__ float pool_scale(const RopePoolParams& p, const RopePoolPointers& ptr, int head, bool is_v) {
   return is_v ? ptr.v_scale[p.v_scale_per_head ? head : 0] : ptr.k_scale[p.k_scale_per_head ? head : 0];
 }
 

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads<kSmall>) strided_copy_kernel(const __
   for (int u = 0; u < kU; ++u) {
     if constexpr (!kSmall) locate(u);
     if (has[u])
-      value[u] = load<V, !kSmall && CopyCudaPolicy::large_loads_evict_last>(reinterpret_cast<const V*>(src[u]));
+      value[u] = load < V, !kSmall && CopyCudaPolicy::large_loads_evict_last > (reinterpret_cast<const V*>(src[u]));
   }
 #pragma unroll
   for (int u = 0; u < kU; ++u)
@@ -74,10 +74,10 @@ cudaError_t launch_sized(const StridedCopyPlan& plan, const CopyCudaLaunch& l, c
   const dim3 grid(static_cast<unsigned>(l.grid_x), static_cast<unsigned>(l.grid_y));
   const dim3 block(kThreads<kSmall>);
   const bool one = !kSmall && plan.njobs == 1;
-  const auto kernel = plan.index_bits == 32 ? (one ? strided_copy_kernel<V, true, kSmall, !kSmall>
-                                                   : strided_copy_kernel<V, true, kSmall, false>)
-                                            : (one ? strided_copy_kernel<V, false, kSmall, !kSmall>
-                                                   : strided_copy_kernel<V, false, kSmall, false>);
+  const auto kernel =
+      plan.index_bits == 32
+          ? (one ? strided_copy_kernel<V, true, kSmall, !kSmall> : strided_copy_kernel<V, true, kSmall, false>)
+          : (one ? strided_copy_kernel<V, false, kSmall, !kSmall> : strided_copy_kernel<V, false, kSmall, false>);
   if constexpr (kPdl<kSmall>) return launch_kernel(kernel, grid, block, stream, plan);
   return launch_kernel_without_pdl(kernel, grid, block, stream, plan);
 }
@@ -96,11 +96,16 @@ cudaError_t strided_copy(const StridedCopyPlan& plan, cudaStream_t stream) {
   if (l.grid_x >= (int64_t{1} << 31) || l.threads != (l.small ? kThreads<true> : kThreads<false>))
     return cudaErrorInvalidConfiguration;
   switch (plan.vec_bytes) {
-    case 16: return launch<uint4>(plan, l, stream);
-    case 8: return launch<uint2>(plan, l, stream);
-    case 4: return launch<uint32_t>(plan, l, stream);
-    case 2: return launch<uint16_t>(plan, l, stream);
-    default: return launch<uint8_t>(plan, l, stream);
+    case 16:
+      return launch<uint4>(plan, l, stream);
+    case 8:
+      return launch<uint2>(plan, l, stream);
+    case 4:
+      return launch<uint32_t>(plan, l, stream);
+    case 2:
+      return launch<uint16_t>(plan, l, stream);
+    default:
+      return launch<uint8_t>(plan, l, stream);
   }
 }
 

@@ -64,8 +64,8 @@ __device__ __forceinline__ void quantize_unit(const Unit& raw, bool has, unsigne
   uint16_t* pairs = reinterpret_cast<uint16_t*>(&packed);
 #pragma unroll
   for (int i = 0; i < N; i += 2)
-    pairs[i / 2] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[i], inv), __fmul_rn(f[i + 1], inv)),
-                                            __NV_SATFINITE, kInterp<F>);
+    pairs[i / 2] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[i], inv), __fmul_rn(f[i + 1], inv)), __NV_SATFINITE,
+                                            kInterp<F>);
   int64_t value, scale_at, slot;
   core::wire_offsets(m, plain, value, scale_at, slot);
   *reinterpret_cast<Fp8Pack<N>*>(m.wire + value) = packed;
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) wire_kernel(const __grid_constant__ 
   const CopyJobPlan& job = p.copy.jobs[blockIdx.x % njobs];
   const int64_t base = int64_t{blockIdx.x / njobs} * (kThreads * kUnits) + threadIdx.x;
   const unsigned lanes = (1u << (p.map.block_shift - 4)) / kSpan;  // a block's units
-  wait_for_prior_kernels();  // cuda/launch.h: before any global memory access
+  wait_for_prior_kernels();                                        // cuda/launch.h: before any global memory access
   Unit raw[kUnits];
   uint64_t plain[kUnits];
   unsigned char* dst[kUnits];
@@ -160,10 +160,14 @@ cudaError_t wire_transfer(const WirePlan& p, cudaStream_t stream) {
   if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
   const dim3 grid(static_cast<unsigned>(blocks));
   switch (p.dtype) {
-    case core::DType::Float16: return launch_format<__half>(p, grid, stream);
-    case core::DType::BFloat16: return launch_format<__nv_bfloat16>(p, grid, stream);
-    case core::DType::Float32: return launch_format<float>(p, grid, stream);
-    default: return cudaErrorInvalidValue;
+    case core::DType::Float16:
+      return launch_format<__half>(p, grid, stream);
+    case core::DType::BFloat16:
+      return launch_format<__nv_bfloat16>(p, grid, stream);
+    case core::DType::Float32:
+      return launch_format<float>(p, grid, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

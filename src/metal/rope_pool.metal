@@ -79,9 +79,8 @@ inline float rope_read_value(device const T* in, long src, int e, bool normed, f
 enum : int { kRopeNormChunk = 256 };
 
 template <typename T>
-kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffer(1)]],
-                      device const T* v [[buffer(2)]], device T* q_rot [[buffer(3)]],
-                      device T* k_rot [[buffer(4)]], device T* k_pool [[buffer(5)]],
+kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffer(1)]], device const T* v [[buffer(2)]],
+                      device T* q_rot [[buffer(3)]], device T* k_rot [[buffer(4)]], device T* k_pool [[buffer(5)]],
                       device T* v_pool [[buffer(6)]], device const int* positions [[buffer(7)]],
                       device const int* slots [[buffer(8)]], device const float* cache32 [[buffer(9)]],
                       device const ushort* cache16 [[buffer(10)]], constant RopePoolParams& p [[buffer(11)]],
@@ -153,7 +152,8 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
       const bool is_q = h0 + c < p.num_qo_heads;
       const long h = is_q ? h0 + c : h0 + c - p.num_qo_heads;
       const long src = is_q ? t * p.q_stride_token + h * p.q_stride_head : t * p.k_stride_token + h * p.k_stride_head;
-      const long dst = is_q ? t * p.qo_stride_token + h * p.qo_stride_head : t * p.ko_stride_token + h * p.ko_stride_head;
+      const long dst =
+          is_q ? t * p.qo_stride_token + h * p.qo_stride_head : t * p.ko_stride_token + h * p.ko_stride_head;
       const long pool = k_row + h * p.kp_stride_head;
       device const T* in = is_q ? q : k;
       device T* out = is_q ? q_rot : k_rot;
@@ -203,16 +203,16 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
 #ifndef ATTNPREP_HOST_NAME
 #define ATTNPREP_HOST_NAME(name) [[host_name(name)]]
 #endif
-#define ATTNPREP_ROPE_POOL_INSTANCE(T)                                                                       \
-  template ATTNPREP_HOST_NAME("rope_pool_" #T) kernel void rope_pool<T>(                                         \
-      device const T* q [[buffer(0)]], device const T* k [[buffer(1)]], device const T* v [[buffer(2)]],     \
-      device T* q_rot [[buffer(3)]], device T* k_rot [[buffer(4)]], device T* k_pool [[buffer(5)]],          \
-      device T* v_pool [[buffer(6)]], device const int* positions [[buffer(7)]],                             \
-      device const int* slots [[buffer(8)]], device const float* cache32 [[buffer(9)]],                     \
-      device const ushort* cache16 [[buffer(10)]], constant RopePoolParams& p [[buffer(11)]],                \
-      device const float* qw32 [[buffer(12)]], device const T* qwT [[buffer(13)]],                           \
-      device const float* kw32 [[buffer(14)]], device const T* kwT [[buffer(15)]],                           \
-      uint group [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]],             \
+#define ATTNPREP_ROPE_POOL_INSTANCE(T)                                                                   \
+  template ATTNPREP_HOST_NAME("rope_pool_" #T) kernel void rope_pool<T>(                                 \
+      device const T* q [[buffer(0)]], device const T* k [[buffer(1)]], device const T* v [[buffer(2)]], \
+      device T* q_rot [[buffer(3)]], device T* k_rot [[buffer(4)]], device T* k_pool [[buffer(5)]],      \
+      device T* v_pool [[buffer(6)]], device const int* positions [[buffer(7)]],                         \
+      device const int* slots [[buffer(8)]], device const float* cache32 [[buffer(9)]],                  \
+      device const ushort* cache16 [[buffer(10)]], constant RopePoolParams& p [[buffer(11)]],            \
+      device const float* qw32 [[buffer(12)]], device const T* qwT [[buffer(13)]],                       \
+      device const float* kw32 [[buffer(14)]], device const T* kwT [[buffer(15)]],                       \
+      uint group [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]],          \
       uint nthreads [[threads_per_threadgroup]]);
 
 ATTNPREP_ROPE_POOL_INSTANCE(half)

@@ -49,33 +49,35 @@ inline int run_all() {
 
 #define TEST_CAT2(a, b) a##b
 #define TEST_CAT(a, b) TEST_CAT2(a, b)
-#define TEST_CASE(name)                                                        \
-  static void TEST_CAT(test_fn_, __LINE__)();                                  \
+#define TEST_CASE(name)                                                                    \
+  static void TEST_CAT(test_fn_, __LINE__)();                                              \
   static test::Register TEST_CAT(test_reg_, __LINE__)(name, TEST_CAT(test_fn_, __LINE__)); \
   static void TEST_CAT(test_fn_, __LINE__)()
 
-#define CHECK(cond) \
-  do { if (!(cond)) test::fail(__FILE__, __LINE__, #cond); } while (0)
+#define CHECK(cond)                                     \
+  do {                                                  \
+    if (!(cond)) test::fail(__FILE__, __LINE__, #cond); \
+  } while (0)
 
-#define CHECK_EQ(a, b)                                                                         \
-  do {                                                                                         \
-    const auto& _a = (a);                                                                      \
-    const auto& _b = (b);                                                                      \
-    if (!(_a == _b)) test::fail(__FILE__, __LINE__, std::string(#a " == " #b));                \
+#define CHECK_EQ(a, b)                                                          \
+  do {                                                                          \
+    const auto& _a = (a);                                                       \
+    const auto& _b = (b);                                                       \
+    if (!(_a == _b)) test::fail(__FILE__, __LINE__, std::string(#a " == " #b)); \
   } while (0)
 
 // The statement must throw exactly ExcType with exactly `msg` as what().
-#define CHECK_THROWS_MSG(ExcType, stmt, msg)                                                   \
-  do {                                                                                         \
-    bool _thrown = false;                                                                      \
-    try {                                                                                      \
-      stmt;                                                                                    \
-    } catch (const ExcType& _e) {                                                              \
-      _thrown = true;                                                                          \
-      if (std::string(_e.what()) != std::string(msg))                                          \
+#define CHECK_THROWS_MSG(ExcType, stmt, msg)                                                           \
+  do {                                                                                                 \
+    bool _thrown = false;                                                                              \
+    try {                                                                                              \
+      stmt;                                                                                            \
+    } catch (const ExcType& _e) {                                                                      \
+      _thrown = true;                                                                                  \
+      if (std::string(_e.what()) != std::string(msg))                                                  \
         test::fail(__FILE__, __LINE__, std::string("message '") + _e.what() + "' != '" + (msg) + "'"); \
-    }                                                                                          \
-    if (!_thrown) test::fail(__FILE__, __LINE__, std::string("no " #ExcType " from " #stmt));  \
+    }                                                                                                  \
+    if (!_thrown) test::fail(__FILE__, __LINE__, std::string("no " #ExcType " from " #stmt));          \
   } while (0)
 
 #define TEST_MAIN() \

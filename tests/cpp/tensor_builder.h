@@ -19,11 +19,28 @@ using attnprep::core::TensorArg;
 
 inline int itemsize_of(DType d) {  // torch's element_size()
   switch (d) {
-    case DType::Float16: case DType::BFloat16: case DType::Int16: case DType::UInt16: case DType::Bits16: return 2;
-    case DType::Float32: case DType::Int32: case DType::UInt32: case DType::Complex32: case DType::QInt32: return 4;
-    case DType::Float64: case DType::Int64: case DType::UInt64: case DType::Complex64: case DType::Other: return 8;
-    case DType::Complex128: return 16;
-    default: return 1;  // the 8-bit, packed and sub-byte ones
+    case DType::Float16:
+    case DType::BFloat16:
+    case DType::Int16:
+    case DType::UInt16:
+    case DType::Bits16:
+      return 2;
+    case DType::Float32:
+    case DType::Int32:
+    case DType::UInt32:
+    case DType::Complex32:
+    case DType::QInt32:
+      return 4;
+    case DType::Float64:
+    case DType::Int64:
+    case DType::UInt64:
+    case DType::Complex64:
+    case DType::Other:
+      return 8;
+    case DType::Complex128:
+      return 16;
+    default:
+      return 1;  // the 8-bit, packed and sub-byte ones
   }
 }
 

@@ -44,20 +44,41 @@ struct Rng {
     return values.begin()[below(values.size())];
   }
   int64_t size() {
-    return of<int64_t>({0, 1, 2, 3, 7, 17, 65, 128, 513, 65535, 65536, 70000, (int64_t{1} << 31) - 1,
-                        int64_t{1} << 31, (int64_t{1} << 32) - 1, int64_t{1} << 32, int64_t{1} << 40,
-                        int64_t{1} << 61, int64_t{1} << 62, kMax});
+    return of<int64_t>({0,
+                        1,
+                        2,
+                        3,
+                        7,
+                        17,
+                        65,
+                        128,
+                        513,
+                        65535,
+                        65536,
+                        70000,
+                        (int64_t{1} << 31) - 1,
+                        int64_t{1} << 31,
+                        (int64_t{1} << 32) - 1,
+                        int64_t{1} << 32,
+                        int64_t{1} << 40,
+                        int64_t{1} << 61,
+                        int64_t{1} << 62,
+                        kMax});
   }
   int64_t stride() {
-    return of<int64_t>({0, 1, 2, 3, 8, 64, 4096, -1, -64, int64_t{1} << 31, int64_t{1} << 40, int64_t{1} << 62,
-                        kMax, -(int64_t{1} << 62)});
+    return of<int64_t>({0, 1, 2, 3, 8, 64, 4096, -1, -64, int64_t{1} << 31, int64_t{1} << 40, int64_t{1} << 62, kMax,
+                        -(int64_t{1} << 62)});
   }
   DType dtype() {  // any dtype of torch's (Other, newer than the build, prints as "unknown dtype")
     return static_cast<DType>(below(static_cast<uint64_t>(DType::Other)));
   }
   Device device() {
-    return of<Device>({{DeviceType::CUDA, 0}, {DeviceType::CUDA, 0}, {DeviceType::CUDA, 1}, {DeviceType::CPU, 0},
-                       {DeviceType::MPS, 0}, {DeviceType::Other, 0}});
+    return of<Device>({{DeviceType::CUDA, 0},
+                       {DeviceType::CUDA, 0},
+                       {DeviceType::CUDA, 1},
+                       {DeviceType::CPU, 0},
+                       {DeviceType::MPS, 0},
+                       {DeviceType::Other, 0}});
   }
 };
 
@@ -93,27 +114,46 @@ void legalize(TensorArg& t) {
     if (t.shape[d] <= 1 || t.strides[d] == 0) continue;
     const bool huge = t.strides[d] > (int64_t{1} << 47) || t.shape[d] > (int64_t{1} << 47);
     const __int128 reach = huge ? 0 : static_cast<__int128>(t.strides[d]) * (t.shape[d] - 1) * t.itemsize;
-    if (huge || span + reach > (__int128{1} << 47)) t.strides[d] = 0;  // as expand makes it
-    else span += reach;
+    if (huge || span + reach > (__int128{1} << 47))
+      t.strides[d] = 0;  // as expand makes it
+    else
+      span += reach;
   }
 }
 
 // One random change to a tensor; `others` lend addresses to alias.
 void mutate(Rng& r, TensorArg& t, const std::vector<const TensorArg*>& others) {
   switch (r.below(9)) {
-    case 0: t.ndim = static_cast<int32_t>(r.below(11)); break;
-    case 1: if (t.ndim > 0 && t.ndim <= kMaxDims) t.shape[r.below(t.ndim)] = r.size(); break;
-    case 2: if (t.ndim > 0 && t.ndim <= kMaxDims) t.strides[r.below(t.ndim)] = r.stride(); break;
-    case 3: t.dtype = r.dtype(); t.itemsize = test::itemsize_of(t.dtype); break;
-    case 4: t.device = r.device(); break;
+    case 0:
+      t.ndim = static_cast<int32_t>(r.below(11));
+      break;
+    case 1:
+      if (t.ndim > 0 && t.ndim <= kMaxDims) t.shape[r.below(t.ndim)] = r.size();
+      break;
+    case 2:
+      if (t.ndim > 0 && t.ndim <= kMaxDims) t.strides[r.below(t.ndim)] = r.stride();
+      break;
+    case 3:
+      t.dtype = r.dtype();
+      t.itemsize = test::itemsize_of(t.dtype);
+      break;
+    case 4:
+      t.device = r.device();
+      break;
     case 5: {
       const TensorArg* o = others[r.below(others.size())];
       t.data = static_cast<unsigned char*>(o->data) + r.of<int64_t>({0, 1, 2, 16, 128, 4096});
       break;
     }
-    case 6: t.data = static_cast<unsigned char*>(t.data) + r.of<int64_t>({1, 2, 4, 8}); break;
-    case 7: t.has_address = false; break;
-    default: if (t.ndim > 0 && t.ndim <= kMaxDims) t.strides[t.ndim - 1] = r.stride(); break;
+    case 6:
+      t.data = static_cast<unsigned char*>(t.data) + r.of<int64_t>({1, 2, 4, 8});
+      break;
+    case 7:
+      t.has_address = false;
+      break;
+    default:
+      if (t.ndim > 0 && t.ndim <= kMaxDims) t.strides[t.ndim - 1] = r.stride();
+      break;
   }
   legalize(t);
 }
@@ -199,8 +239,14 @@ RopePoolArgs valid_rope_args(Rng& r) {
   const DType pool_dt = fp8 ? r.of<DType>({DType::Float8E4M3FN, DType::Float8E5M2}) : dt;
   const int64_t page = r.of<int64_t>({16, 16, 0});  // pages of no slots are valid too
   switch (r.below(3)) {
-    case 0: a.k_pool = make({20, hkv, D}, pool_dt, dev); a.v_pool = make({20, hkv, D}, pool_dt, dev); break;
-    case 1: a.k_pool = make({3, page, hkv, D}, pool_dt, dev); a.v_pool = make({3, page, hkv, D}, pool_dt, dev); break;
+    case 0:
+      a.k_pool = make({20, hkv, D}, pool_dt, dev);
+      a.v_pool = make({20, hkv, D}, pool_dt, dev);
+      break;
+    case 1:
+      a.k_pool = make({3, page, hkv, D}, pool_dt, dev);
+      a.v_pool = make({3, page, hkv, D}, pool_dt, dev);
+      break;
     default:
       a.kv_layout = KvLayout::HND;
       a.k_pool = make({3, hkv, page, D}, pool_dt, dev);
@@ -237,8 +283,18 @@ void set_size(TensorArg& t, int d, int64_t n) {
 
 // Every tensor argument, for changes that keep them consistent.
 std::vector<TensorArg*> rope_tensors(RopePoolArgs& a) {
-  return {&a.q, &a.k, &a.v, &a.positions, &a.slots, &a.k_pool, &a.v_pool, &a.cos_sin_cache,
-          &a.k_scale, &a.v_scale, &a.q_norm_weight, &a.k_norm_weight};
+  return {&a.q,
+          &a.k,
+          &a.v,
+          &a.positions,
+          &a.slots,
+          &a.k_pool,
+          &a.v_pool,
+          &a.cos_sin_cache,
+          &a.k_scale,
+          &a.v_scale,
+          &a.q_norm_weight,
+          &a.k_norm_weight};
 }
 
 // Changes to several arguments at once that keep the earlier checks passing,
@@ -281,7 +337,8 @@ void mutate_rope_together(Rng& r, RopePoolArgs& a) {
       if (which == 1) {  // the pools' heads: 3-D and NHD pools at -2, HND at 1
         a.num_kv_heads = n;
         for (TensorArg* x : {&a.k, &a.v}) set_size(*x, 1, n);
-        for (TensorArg* x : {&a.k_pool, &a.v_pool}) set_size(*x, x->ndim == 4 && a.kv_layout == KvLayout::HND ? 1 : -2, n);
+        for (TensorArg* x : {&a.k_pool, &a.v_pool})
+          set_size(*x, x->ndim == 4 && a.kv_layout == KvLayout::HND ? 1 : -2, n);
       }
       if (which == 2) tokens(n);
       if (which == 3) {  // a paged HND pool of no heads: pages * page_size past int64
@@ -318,14 +375,29 @@ void mutate_rope_together(Rng& r, RopePoolArgs& a) {
 
 void mutate_rope_scalars(Rng& r, RopePoolArgs& a) {
   switch (r.below(8)) {
-    case 0: a.head_dim = r.chance(50) ? r.size() : -r.size(); break;
-    case 1: a.num_qo_heads = r.chance(50) ? r.size() : -r.size(); break;
-    case 2: a.num_kv_heads = r.chance(50) ? r.size() : -r.size(); break;
-    case 3: a.set_rotary_dim(r.chance(50) ? r.size() : -r.size()); break;
-    case 4: a.rope_base = r.of<double>({NAN, INFINITY, -1.0, 0.0, 1e-300, 1e300, 10000.0}); break;
-    case 5: a.norm_eps = r.of<double>({NAN, INFINITY, 0.0, -1.0, 1e-50, 1e39, 1e-6}); break;
-    case 6: a.norm_offset = r.of<double>({NAN, -INFINITY, 1e39, -1e39, 1.0}); break;
-    default: a.kv_layout = a.kv_layout == KvLayout::NHD ? KvLayout::HND : KvLayout::NHD;
+    case 0:
+      a.head_dim = r.chance(50) ? r.size() : -r.size();
+      break;
+    case 1:
+      a.num_qo_heads = r.chance(50) ? r.size() : -r.size();
+      break;
+    case 2:
+      a.num_kv_heads = r.chance(50) ? r.size() : -r.size();
+      break;
+    case 3:
+      a.set_rotary_dim(r.chance(50) ? r.size() : -r.size());
+      break;
+    case 4:
+      a.rope_base = r.of<double>({NAN, INFINITY, -1.0, 0.0, 1e-300, 1e300, 10000.0});
+      break;
+    case 5:
+      a.norm_eps = r.of<double>({NAN, INFINITY, 0.0, -1.0, 1e-50, 1e39, 1e-6});
+      break;
+    case 6:
+      a.norm_offset = r.of<double>({NAN, -INFINITY, 1e39, -1e39, 1.0});
+      break;
+    default:
+      a.kv_layout = a.kv_layout == KvLayout::NHD ? KvLayout::HND : KvLayout::NHD;
   }
 }
 
@@ -390,11 +462,12 @@ TEST_CASE("rope_pool_fused: random arguments pass or raise a documented message"
 
 // pack_qkv_destination_major's checks 1-7 (docs/contract.md).
 bool pack_message(const std::string& m) {
-  for (const char* e : {"q, k, and v must have the same 3D shape", "q, k, and v must be CUDA tensors",
-                        "q, k, and v must have the same device and dtype", "q, k, and v must be contiguous in head_size",
-                        "world_size must be positive and divide global_heads",
-                        "out must be a contiguous tensor with the expected shape, device, and dtype",
-                        "out must not overlap q, k, or v", "q, k, and v are too large: the output would exceed 2^63 - 1 bytes"})
+  for (const char* e :
+       {"q, k, and v must have the same 3D shape", "q, k, and v must be CUDA tensors",
+        "q, k, and v must have the same device and dtype", "q, k, and v must be contiguous in head_size",
+        "world_size must be positive and divide global_heads",
+        "out must be a contiguous tensor with the expected shape, device, and dtype", "out must not overlap q, k, or v",
+        "q, k, and v are too large: the output would exceed 2^63 - 1 bytes"})
     if (m == e) return true;
   return false;
 }
@@ -424,8 +497,10 @@ TEST_CASE("pack_qkv_destination_major: random arguments pass or raise a document
       const PackQkvShape s = check_pack_qkv_inputs(q, k, v, world);
       CHECK(s.local_heads * s.world_size == s.global_heads);
       const bool given = r.chance(70);
-      if (given) check_pack_qkv_out(s, q, k, v, out);
-      else check_pack_qkv_output_size(s);
+      if (given)
+        check_pack_qkv_out(s, q, k, v, out);
+      else
+        check_pack_qkv_output_size(s);
       ++passed;
       for (int d = 0; d < 4; ++d) CHECK(s.out_shape[d] >= 0);
       if (!given) continue;
@@ -448,15 +523,15 @@ TEST_CASE("pack_qkv_destination_major: random arguments pass or raise a document
 // grouped pack's own (internal: the layer passes CUDA tensors of unit-stride
 // head_dim, and a chunk count it checked).
 bool ulysses_message(const std::string& m) {
-  for (const char* e : {"ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, head_dim]",
-                        "ulysses: world_size must divide the number of q heads",
-                        "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size",
-                        "ulysses: q, k and v must be on one device", "ulysses: q, k and v must have one dtype",
-                        "ulysses: q, k and v are too large: the exchange buffers would exceed 2^63 - 1 bytes",
-                        "ulysses: q, k and v must be on one CUDA device",
-                        "ulysses: q, k and v must be contiguous in head_dim",
-                        "ulysses: chunks must be positive and divide each rank's q heads (and its kv heads when they "
-                        "are split)"})
+  for (const char* e :
+       {"ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, head_dim]",
+        "ulysses: world_size must divide the number of q heads",
+        "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size",
+        "ulysses: q, k and v must be on one device", "ulysses: q, k and v must have one dtype",
+        "ulysses: q, k and v are too large: the exchange buffers would exceed 2^63 - 1 bytes",
+        "ulysses: q, k and v must be on one CUDA device", "ulysses: q, k and v must be contiguous in head_dim",
+        "ulysses: chunks must be positive and divide each rank's q heads (and its kv heads when they "
+        "are split)"})
     if (m == e) return true;
   return false;
 }
@@ -473,9 +548,12 @@ TEST_CASE("Ulysses grouped pack: random arguments pass or raise a documented mes
     const int changes = round % 4 == 0 ? 0 : 1 + static_cast<int>(r.below(3));
     for (int c = 0; c < changes; ++c) {
       const uint64_t pick = r.below(5);
-      if (pick == 3) w = r.chance(50) ? r.size() : -r.size();
-      else if (pick == 4) chunks = r.chance(50) ? r.of<int64_t>({2, 3, 4}) : -r.size();
-      else mutate(r, *(pick == 0 ? &q : pick == 1 ? &k : &v), {&q, &k, &v});
+      if (pick == 3)
+        w = r.chance(50) ? r.size() : -r.size();
+      else if (pick == 4)
+        chunks = r.chance(50) ? r.of<int64_t>({2, 3, 4}) : -r.size();
+      else
+        mutate(r, *(pick == 0 ? &q : pick == 1 ? &k : &v), {&q, &k, &v});
     }
     try {
       const PackGqaShape s = check_pack_qkv_gqa(q, k, v, w, chunks);

@@ -9,8 +9,8 @@
 #include "check.h"
 #include "core/errors.h"
 #include "core/fast_divmod.h"
-#include "cpu/float_bits.h"
 #include "core/tensor.h"
+#include "cpu/float_bits.h"
 #include "tensor_builder.h"
 
 using namespace attnprep::core;
@@ -128,7 +128,8 @@ struct Fp8Table {
   Fp8Table(int mbits, int bias, int max_code) {
     for (int c = 0; c <= max_code; ++c) {
       const int exp = c >> mbits, man = c & ((1 << mbits) - 1);
-      value.push_back(exp == 0 ? std::ldexp(man, 1 - bias - mbits) : std::ldexp((1 << mbits) + man, exp - bias - mbits));
+      value.push_back(exp == 0 ? std::ldexp(man, 1 - bias - mbits)
+                               : std::ldexp((1 << mbits) + man, exp - bias - mbits));
       code.push_back(static_cast<uint8_t>(c));
     }
   }
@@ -164,8 +165,9 @@ TEST_CASE("float -> fp8: nearest even, saturated, against a table built from the
         const Fp8Table& t = kind == 1 ? e4m3 : e5m2;
         const uint8_t want = sign | t.expect(a), got = attnprep::cpu::float_to_fp8(x, kind);
         if (got != want) {
-          test::fail(__FILE__, __LINE__, "fp8 kind " + std::to_string(kind) + " of bits " + std::to_string(bits) +
-                                             ": got " + std::to_string(got) + ", want " + std::to_string(want));
+          test::fail(__FILE__, __LINE__,
+                     "fp8 kind " + std::to_string(kind) + " of bits " + std::to_string(bits) + ": got " +
+                         std::to_string(got) + ", want " + std::to_string(want));
           return;
         }
         ++checked;
@@ -174,9 +176,9 @@ TEST_CASE("float -> fp8: nearest even, saturated, against a table built from the
   }
   CHECK(checked > 50000000);
   CHECK_EQ(attnprep::cpu::float_to_fp8(std::nanf(""), 1) & 0x7f, 0x7f);
-  CHECK_EQ(attnprep::cpu::float_to_fp8(INFINITY, 1), uint8_t{0x7e});   // saturated, not NaN
+  CHECK_EQ(attnprep::cpu::float_to_fp8(INFINITY, 1), uint8_t{0x7e});  // saturated, not NaN
   CHECK_EQ(attnprep::cpu::float_to_fp8(-INFINITY, 2), uint8_t{0xfb});
-  CHECK_EQ(attnprep::cpu::float_to_fp8(464.0f, 1), uint8_t{0x7e});     // past 448: saturates
+  CHECK_EQ(attnprep::cpu::float_to_fp8(464.0f, 1), uint8_t{0x7e});  // past 448: saturates
   CHECK_EQ(attnprep::cpu::float_to_fp8(1.0f, 1), uint8_t{0x38});
 }
 

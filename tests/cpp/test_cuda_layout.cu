@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "check.h"
-#include "gpu_main.h"
 #include "core/pack_qkv.h"
 #include "core/usp_merge_heads.h"
 #include "cpu/layout_reference.h"
 #include "cuda/strided_copy.h"
+#include "gpu_main.h"
 #include "tensor_builder.h"
 
 using namespace attnprep::core;
@@ -39,7 +39,9 @@ void gpu_pack_matches(int64_t rows, int64_t heads, int64_t dim, int64_t world, D
   cudaMemcpy(dall.ptr, host.bytes.data(), bytes, cudaMemcpyHostToDevice);
 
   TensorArg q = make({rows, heads, dim}, dtype, cuda0, {row, dim, 1}), k = q, v = q;
-  auto at = [&](int64_t elem_off, void* base) { return static_cast<unsigned char*>(base) + misalign_elems * es + elem_off * es; };
+  auto at = [&](int64_t elem_off, void* base) {
+    return static_cast<unsigned char*>(base) + misalign_elems * es + elem_off * es;
+  };
   q.data = at(0, dall.ptr);
   k.data = at(heads * dim, dall.ptr);
   v.data = at(2 * heads * dim, dall.ptr);
@@ -62,8 +64,9 @@ void gpu_pack_matches(int64_t rows, int64_t heads, int64_t dim, int64_t world, D
   hout.data = want.data();
   attnprep::cpu::pack_qkv_reference(hq, hk, hv, world, hout);
   if (got != want)
-    test::fail(__FILE__, __LINE__, "gpu pack mismatch rows=" + std::to_string(rows) + " dim=" + std::to_string(dim) +
-                                       " world=" + std::to_string(world) + " es=" + std::to_string(es));
+    test::fail(__FILE__, __LINE__,
+               "gpu pack mismatch rows=" + std::to_string(rows) + " dim=" + std::to_string(dim) +
+                   " world=" + std::to_string(world) + " es=" + std::to_string(es));
 }
 
 void gpu_merge_matches(std::initializer_list<int64_t> shape, std::initializer_list<int64_t> strides, DType dt,

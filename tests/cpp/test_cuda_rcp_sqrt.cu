@@ -11,8 +11,8 @@
 #include <cstring>
 
 #include "check.h"
-#include "gpu_main.h"
 #include "cuda/rcp_sqrt.cuh"
+#include "gpu_main.h"
 
 namespace {
 

@@ -58,8 +58,8 @@ TEST_CASE("views of one buffer: split projection, combined cache halves, slices"
   CHECK(!may_overlap(q, k) && !may_overlap(k, v) && !may_overlap(q, v));
   CHECK(may_overlap(q, view(B + 2 * 448, {5, 2, 64}, {768, 64, 1})));  // k shifted one head into q
   // k and v halves of one [pages, 2, page, heads, D] cache
-  const TensorArg kc = view(B, {4, 16, 2, 64}, {2 * 2048, 128, 64, 1}), vc = view(B + 2 * 2048, {4, 16, 2, 64},
-                                                                               {2 * 2048, 128, 64, 1});
+  const TensorArg kc = view(B, {4, 16, 2, 64}, {2 * 2048, 128, 64, 1}),
+                  vc = view(B + 2 * 2048, {4, 16, 2, 64}, {2 * 2048, 128, 64, 1});
   CHECK(!may_overlap(kc, vc));
   CHECK(may_overlap(kc, kc));
   // one element of overlap at the very end
@@ -105,11 +105,11 @@ TEST_CASE("may_overlap equals the brute-force oracle on random small views") {
 TEST_CASE("has_internal_overlap: never misses a repeated element; ordinary layouts pass") {
   const uintptr_t B = uintptr_t{1} << 30;
   CHECK(!has_internal_overlap(view(B, {4, 3, 8}, {24, 8, 1})));
-  CHECK(!has_internal_overlap(view(B, {4, 3, 8}, {8, 32, 1})));         // permuted
-  CHECK(!has_internal_overlap(view(B, {16, 2, 64}, {384, 64, 1})));     // row-strided pool
+  CHECK(!has_internal_overlap(view(B, {4, 3, 8}, {8, 32, 1})));               // permuted
+  CHECK(!has_internal_overlap(view(B, {16, 2, 64}, {384, 64, 1})));           // row-strided pool
   CHECK(!has_internal_overlap(view(B, {4, 16, 2, 64}, {4096, 128, 64, 1})));  // a combined cache's half
-  CHECK(has_internal_overlap(view(B, {4, 3, 8}, {0, 8, 1})));           // expanded
-  CHECK(has_internal_overlap(view(B, {4, 8}, {4, 1})));                 // rows that overlap
+  CHECK(has_internal_overlap(view(B, {4, 3, 8}, {0, 8, 1})));                 // expanded
+  CHECK(has_internal_overlap(view(B, {4, 8}, {4, 1})));                       // rows that overlap
   std::mt19937 rng(11);
   for (int iter = 0; iter < 3000; ++iter) {
     TensorArg t = make({1});

@@ -54,8 +54,9 @@ TEST_CASE("check 3: same device and dtype (two GPUs, mixed dtypes)") {
   auto q = make({4, 8, 64});
   CHECK_THROWS_MSG(ValueError, inputs(q, make({4, 8, 64}, DType::BFloat16, cuda1), q, 2), kSame);
   CHECK_THROWS_MSG(ValueError, inputs(q, q, make({4, 8, 64}, DType::Float16, cuda0), 2), kSame);
-  CHECK_THROWS_MSG(ValueError, inputs(make({4, 8, 64}, DType::Float8E4M3FN), make({4, 8, 64}, DType::Float8E5M2),
-                                      make({4, 8, 64}, DType::Float8E4M3FN), 0),
+  CHECK_THROWS_MSG(ValueError,
+                   inputs(make({4, 8, 64}, DType::Float8E4M3FN), make({4, 8, 64}, DType::Float8E5M2),
+                          make({4, 8, 64}, DType::Float8E4M3FN), 0),
                    kSame);
 }
 
@@ -100,9 +101,9 @@ TEST_CASE("check 8: an output past 2^63 - 1 bytes (empty or expanded inputs); wi
   }
   // an expanded pack that fits (6 * 2^55 elements of 2 bytes), and an empty one past it (3 * 2^61 of 2 bytes)
   check_pack_qkv_output_size(check_pack_qkv_inputs(make({int64_t{1} << 55, 1, 2}, DType::BFloat16, cuda0, {0, 0, 1}),
-                                                    make({int64_t{1} << 55, 1, 2}, DType::BFloat16, cuda0, {0, 0, 1}),
-                                                    make({int64_t{1} << 55, 1, 2}, DType::BFloat16, cuda0, {0, 0, 1}),
-                                                    1));
+                                                   make({int64_t{1} << 55, 1, 2}, DType::BFloat16, cuda0, {0, 0, 1}),
+                                                   make({int64_t{1} << 55, 1, 2}, DType::BFloat16, cuda0, {0, 0, 1}),
+                                                   1));
   const TensorArg big_empty = make({0, 1, int64_t{1} << 61});
   CHECK_THROWS_MSG(ValueError, check_pack_qkv_output_size(check_pack_qkv_inputs(big_empty, big_empty, big_empty, 1)),
                    too_large);
@@ -137,7 +138,7 @@ void pack_matches(int64_t rows, int64_t heads, int64_t dim, int64_t world, DType
   TensorArg got = make({world, rows, heads / world, 3 * dim}, dtype);
   TensorArg want = got;
   test::HostBuffer bg, bw;
-  bg.attach(got, 7);   // poisoned: random bytes
+  bg.attach(got, 7);  // poisoned: random bytes
   bw.attach(want, 8);
   auto plan = plan_pack_qkv(shape, q, k, v, got);
   test::execute_on_host(plan);
@@ -275,8 +276,8 @@ TEST_CASE("plan switches to 64-bit indexing past 2^31 vectors") {
 TEST_CASE("grouped pack (Ulysses): split and replicated kv heads, in chunks, bit-exact") {
   uint32_t seed = 100;
   // (rows, heads, kv_heads, world): kv divisible by world, and world divisible by kv
-  const int64_t cases[][4] = {{5, 8, 4, 2}, {17, 8, 8, 4}, {3, 12, 2, 4}, {9, 12, 1, 3}, {4, 8, 2, 8}, {7, 6, 6, 1},
-                              {6, 16, 8, 2}, {5, 24, 2, 2}};
+  const int64_t cases[][4] = {{5, 8, 4, 2}, {17, 8, 8, 4}, {3, 12, 2, 4}, {9, 12, 1, 3},
+                              {4, 8, 2, 8}, {7, 6, 6, 1},  {6, 16, 8, 2}, {5, 24, 2, 2}};
   int chunked = 0;
   for (const auto& c : cases)
     for (int64_t chunks : {1, 2, 3, 4}) {
@@ -284,8 +285,8 @@ TEST_CASE("grouped pack (Ulysses): split and replicated kv heads, in chunks, bit
       const int64_t local_q = heads / world, local_kv = kv >= world ? kv / world : 1;
       if (local_q % chunks != 0 || (kv >= world && local_kv % chunks != 0)) continue;
       chunked += chunks > 1;
-      TensorArg q = make({rows, heads, dim}, DType::Float16), k = make({rows, kv, dim}, DType::Float16, cuda0,
-                                                                        {2 * kv * dim, dim, 1}),
+      TensorArg q = make({rows, heads, dim}, DType::Float16),
+                k = make({rows, kv, dim}, DType::Float16, cuda0, {2 * kv * dim, dim, 1}),
                 v = make({rows, kv, dim}, DType::Float16);
       test::HostBuffer bq, bk, bv;
       bq.attach(q, seed++);
@@ -317,13 +318,14 @@ TEST_CASE("grouped pack (Ulysses): split and replicated kv heads, in chunks, bit
             }
           }
       if (!ok)
-        test::fail(__FILE__, __LINE__, "grouped pack mismatch heads=" + std::to_string(heads) + " kv=" +
-                                           std::to_string(kv) + " world=" + std::to_string(world) + " chunks=" +
-                                           std::to_string(chunks));
+        test::fail(__FILE__, __LINE__,
+                   "grouped pack mismatch heads=" + std::to_string(heads) + " kv=" + std::to_string(kv) +
+                       " world=" + std::to_string(world) + " chunks=" + std::to_string(chunks));
     }
   CHECK(chunked >= 6);
-  const char* chunk_msg = "ulysses: chunks must be positive and divide each rank's q heads (and its kv heads when they "
-                          "are split)";
+  const char* chunk_msg =
+      "ulysses: chunks must be positive and divide each rank's q heads (and its kv heads when they "
+      "are split)";
   CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(make({4, 8, 8}), make({4, 8, 8}), make({4, 8, 8}), 2, 3), chunk_msg);
   CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(make({4, 8, 8}), make({4, 4, 8}), make({4, 4, 8}), 2, 4), chunk_msg);
   CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(make({4, 8, 8}), make({4, 8, 8}), make({4, 8, 8}), 2, 0), chunk_msg);

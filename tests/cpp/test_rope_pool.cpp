@@ -20,8 +20,7 @@ using namespace attnprep::core;
 using test::make;
 
 namespace {
-const Device cuda0{DeviceType::CUDA, 0}, cuda1{DeviceType::CUDA, 1}, cpu{DeviceType::CPU, 0},
-    mps{DeviceType::MPS, 0};
+const Device cuda0{DeviceType::CUDA, 0}, cuda1{DeviceType::CUDA, 1}, cpu{DeviceType::CPU, 0}, mps{DeviceType::MPS, 0};
 
 RopePoolArgs args(DType dt = DType::BFloat16, Device dev = cuda0, int64_t T = 4, int64_t hq = 8, int64_t hkv = 2,
                   int64_t D = 64) {
@@ -39,11 +38,11 @@ RopePoolArgs args(DType dt = DType::BFloat16, Device dev = cuda0, int64_t T = 4,
   return a;
 }
 
-#define REJECTS(mutation, msg)                                \
-  do {                                                        \
-    RopePoolArgs a = args();                                  \
-    mutation;                                                 \
-    CHECK_THROWS_MSG(ValueError, check_rope_pool(a), msg);    \
+#define REJECTS(mutation, msg)                             \
+  do {                                                     \
+    RopePoolArgs a = args();                               \
+    mutation;                                              \
+    CHECK_THROWS_MSG(ValueError, check_rope_pool(a), msg); \
   } while (0)
 }  // namespace
 
@@ -62,8 +61,8 @@ TEST_CASE("the eleven documented checks, in order") {
   REJECTS(a.v_pool = make({8, 2, 64}),
           "v_pool shape must match k_pool shape, got torch.Size([8, 2, 64]) vs torch.Size([16, 2, 64])");
   REJECTS(a.k = make({4, 2, 64}, DType::Float16), "q/k/v dtypes must match");
-  REJECTS(a.v = make({4, 2, 64}, DType::Float32); a.v_pool = make({16, 2, 64}, DType::Float64),
-          "q/k/v dtypes must match");
+  REJECTS(a.v = make({4, 2, 64}, DType::Float32);
+          a.v_pool = make({16, 2, 64}, DType::Float64), "q/k/v dtypes must match");
   REJECTS(a.v_pool = make({16, 2, 64}, DType::Float16), "pool dtypes must match q/k/v dtype");
   // a later check never hides an earlier one: everything wrong at once
   REJECTS(a.q = make({4, 8}, DType::Float64, cpu); a.head_dim = 3, "rope_pool_fused expects q/k/v to be 3-D");
@@ -72,8 +71,8 @@ TEST_CASE("the eleven documented checks, in order") {
 TEST_CASE("library checks: one device, CUDA or MPS, dtype, dims, indices, strides, cache") {
   REJECTS(a.slots = make({4}, DType::Int64, cuda1), "rope_pool_fused expects all tensors on one device");
   REJECTS(a.v_pool = make({16, 2, 64}, DType::BFloat16, cpu), "rope_pool_fused expects all tensors on one device");
-  REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 64}, DType::Float32, mps),
-          "rope_pool_fused expects all tensors on one device");
+  REJECTS(a.has_cache = true;
+          a.cos_sin_cache = make({8, 64}, DType::Float32, mps), "rope_pool_fused expects all tensors on one device");
   {
     RopePoolArgs a = args(DType::BFloat16, cpu);
     CHECK_THROWS_MSG(ValueError, check_rope_pool(a), "rope_pool_fused expects CUDA or MPS tensors");
@@ -93,12 +92,13 @@ TEST_CASE("library checks: one device, CUDA or MPS, dtype, dims, indices, stride
   REJECTS(a.slots = make({4}, DType::Int16), "rope_pool_fused expects int32 or int64 positions/slots");
   REJECTS(a.k = make({4, 2, 64}, DType::BFloat16, cuda0, {256, 128, 2}),
           "rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim");
-  REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 32}, DType::Float32),
+  REJECTS(a.has_cache = true;
+          a.cos_sin_cache = make({8, 32}, DType::Float32),
           "cos_sin_cache must have shape [max_position, rotary_dim] = [*, 64], got torch.Size([8, 32])");
   REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 64}, DType::Float16),
-          "cos_sin_cache must be float32 or bfloat16, got torch.float16");
+                              "cos_sin_cache must be float32 or bfloat16, got torch.float16");
   REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 64}, DType::Float32, cuda0, {128, 2}),
-          "cos_sin_cache must be contiguous in its last dimension");
+                              "cos_sin_cache must be contiguous in its last dimension");
   REJECTS(a.rope_base = 0, "rope_base must be a positive number");
   REJECTS(a.rope_base = std::nan(""), "rope_base must be a positive number");
   // row-strided pools and q/k/v head/row strides are fine
@@ -109,8 +109,8 @@ TEST_CASE("library checks: one device, CUDA or MPS, dtype, dims, indices, stride
 }
 
 TEST_CASE("checks 23-28: kernel limits and memory overlap, after every earlier check") {
-  REJECTS(a.q = make({4, 70000, 64}, DType::BFloat16, cuda0, {0, 0, 1}); a.num_qo_heads = 70000,
-          "rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got 70002");
+  REJECTS(a.q = make({4, 70000, 64}, DType::BFloat16, cuda0, {0, 0, 1});
+          a.num_qo_heads = 70000, "rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got 70002");
   // empty tensors of 2^62 heads each: the sum, 2^63, is past int64 and still printed exactly
   REJECTS(a.q = make({0, int64_t{1} << 62, 64}); a.k = a.v = make({0, int64_t{1} << 62, 64});
           a.positions = make({0}, DType::Int64); a.slots = make({0}, DType::Int32);
@@ -126,10 +126,11 @@ TEST_CASE("checks 23-28: kernel limits and memory overlap, after every earlier c
   const char* vs_inputs = "k_pool and v_pool must not overlap q, k, v, positions, slots, cos_sin_cache or the scales";
   REJECTS(a.k_pool.data = a.q.data, vs_inputs);
   REJECTS(a.v_pool.data = a.slots.data, vs_inputs);
-  REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 64}, DType::Float32); a.k_pool.data = a.cos_sin_cache.data,
-          vs_inputs);
-  const char* inplace = "with inplace=True, q and k must not overlap each other, themselves, v, positions, slots, "
-                        "cos_sin_cache or the scales";
+  REJECTS(a.has_cache = true; a.cos_sin_cache = make({8, 64}, DType::Float32);
+          a.k_pool.data = a.cos_sin_cache.data, vs_inputs);
+  const char* inplace =
+      "with inplace=True, q and k must not overlap each other, themselves, v, positions, slots, "
+      "cos_sin_cache or the scales";
   REJECTS(a.inplace = true; a.k.data = a.q.data, inplace);
   REJECTS(a.inplace = true; a.q = make({4, 8, 64}, DType::BFloat16, cuda0, {0, 64, 1}), inplace);
   REJECTS(a.inplace = true; a.v.data = a.k.data, inplace);
@@ -188,12 +189,14 @@ TEST_CASE("KV formats: paged NHD/HND geometry, fp8 pools and scales, in the docu
   combined.v_pool.data = static_cast<unsigned char*>(combined.k_pool.data) + 2 * 16 * 128;
   check_rope_pool(combined);
   CHECK_EQ(make_rope_pool_params(combined, combined.q, combined.k).width, 8);
-  REJECTS(a.k_pool = make({4, 16, 2, 64}), "v_pool shape must match k_pool shape, got torch.Size([16, 2, 64]) vs "
-                                           "torch.Size([4, 16, 2, 64])");
-  REJECTS(a.k_pool = make({4, 16, 2, 64}); a.v_pool = make({4, 8, 2, 64}),
+  REJECTS(a.k_pool = make({4, 16, 2, 64}),
+          "v_pool shape must match k_pool shape, got torch.Size([16, 2, 64]) vs "
+          "torch.Size([4, 16, 2, 64])");
+  REJECTS(a.k_pool = make({4, 16, 2, 64});
+          a.v_pool = make({4, 8, 2, 64}),
           "v_pool shape must match k_pool shape, got torch.Size([4, 8, 2, 64]) vs torch.Size([4, 16, 2, 64])");
-  REJECTS(a.k_pool = make({4, 16, 3, 64}); a.v_pool = make({4, 16, 3, 64}),
-          "k_pool has incompatible shape torch.Size([4, 16, 3, 64])");
+  REJECTS(a.k_pool = make({4, 16, 3, 64});
+          a.v_pool = make({4, 16, 3, 64}), "k_pool has incompatible shape torch.Size([4, 16, 3, 64])");
   REJECTS(a.k_pool = make({4, 16, 2, 64, 1}); a.v_pool = a.k_pool, "rope_pool_fused expects pool tensors to be 3-D");
   REJECTS(a.k_pool = make({int64_t{1} << 22, 1024, 2, 64}, DType::BFloat16, cuda0, {0, 0, 0, 1});
           a.v_pool = make({int64_t{1} << 22, 1024, 2, 64}, DType::BFloat16, cuda0, {0, 0, 0, 1}),
@@ -226,7 +229,8 @@ TEST_CASE("KV formats: paged NHD/HND geometry, fp8 pools and scales, in the docu
   RopePoolArgs stray = args();
   stray.has_k_scale = true;
   stray.k_scale = make({}, DType::Float32);
-  CHECK_THROWS_MSG(ValueError, check_rope_pool(stray), "k_scale and v_scale apply to fp8 pools only, got torch.bfloat16 pools");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(stray),
+                   "k_scale and v_scale apply to fp8 pools only, got torch.bfloat16 pools");
   RopePoolArgs f16 = fp8(DType::Float8E4M3FN);
   f16.k_scale = make({}, DType::Float16);
   CHECK_THROWS_MSG(ValueError, check_rope_pool(f16), "k_scale and v_scale must be float32, got torch.float16");
@@ -315,8 +319,8 @@ TEST_CASE("QK norm split: lanes x elements = head_dim padded to a power of two")
   CHECK_EQ(plan_rope_norm_split(128, 4).lanes, 16);  // float32
   CHECK_EQ(plan_rope_norm_split(512, 8).lanes, 32);
   CHECK_EQ(plan_rope_norm_split(512, 1).per_lane, 16);
-  CHECK_EQ(plan_rope_norm_split(80, 8).lanes, 8);   // 128 padded
-  CHECK_EQ(plan_rope_norm_split(2, 8).lanes, 1);    // one lane, two elements
+  CHECK_EQ(plan_rope_norm_split(80, 8).lanes, 8);  // 128 padded
+  CHECK_EQ(plan_rope_norm_split(2, 8).lanes, 1);   // one lane, two elements
   CHECK_EQ(plan_rope_norm_split(2, 8).per_lane, 2);
   CHECK_EQ(plan_rope_norm_split(72, 1).lanes, 32);  // 128 padded, 4 each
   // which kernel does the norm: the rotation kernel where its items are whole blocks of the sum
@@ -326,13 +330,13 @@ TEST_CASE("QK norm split: lanes x elements = head_dim padded to a power of two")
     if (rot) a.set_rotary_dim(rot);
     return rope_norm_in_rotation_kernel(make_rope_pool_params(a, a.q, a.k));
   };
-  CHECK(in_rotation(DType::BFloat16, 128, true));   // 8 items a head
-  CHECK(in_rotation(DType::BFloat16, 512, true));   // 32
-  CHECK(!in_rotation(DType::BFloat16, 512, false)); // GPT-J: 64 items
-  CHECK(in_rotation(DType::Float32, 128, false));   // 32
+  CHECK(in_rotation(DType::BFloat16, 128, true));       // 8 items a head
+  CHECK(in_rotation(DType::BFloat16, 512, true));       // 32
+  CHECK(!in_rotation(DType::BFloat16, 512, false));     // GPT-J: 64 items
+  CHECK(in_rotation(DType::Float32, 128, false));       // 32
   CHECK(!in_rotation(DType::BFloat16, 128, true, 64));  // partial rotary
-  CHECK(!in_rotation(DType::BFloat16, 80, true));   // not a power of two
-  CHECK(!in_rotation(DType::BFloat16, 2, true));    // one element per access
+  CHECK(!in_rotation(DType::BFloat16, 80, true));       // not a power of two
+  CHECK(!in_rotation(DType::BFloat16, 2, true));        // one element per access
   for (int64_t D = 2; D <= 512; D += 2)
     for (int32_t w : {1, 4, 8}) {
       const RopeNormSplit s = plan_rope_norm_split(D, w);
@@ -425,11 +429,11 @@ TEST_CASE("params: 16-byte groups when everything allows, one element otherwise"
   RopePoolArgs a = args();
   CHECK_EQ(make_rope_pool_params(a, a.q, a.k).width, 8);
   CHECK_EQ(make_rope_pool_params(a, a.q, a.k).qk_items_per_head, 4);  // 32 pairs of halves / 8
-  CHECK_EQ(make_rope_pool_params(a, a.q, a.k).v_items_per_head, 4);  // 8 groups, paired half a head apart
-  RopePoolArgs odd = args(DType::BFloat16, cuda0, 4, 8, 2, 72);  // NeoX half 36: one element at a time
+  CHECK_EQ(make_rope_pool_params(a, a.q, a.k).v_items_per_head, 4);   // 8 groups, paired half a head apart
+  RopePoolArgs odd = args(DType::BFloat16, cuda0, 4, 8, 2, 72);       // NeoX half 36: one element at a time
   CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).width, 1);
   CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).v_items_per_head, 36);  // 72 elements, paired
-  odd.is_neox = false;  // GPT-J: 9 groups of 8, one per item
+  odd.is_neox = false;                                                      // GPT-J: 9 groups of 8, one per item
   CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).width, 8);
   CHECK_EQ(make_rope_pool_params(odd, odd.q, odd.k).v_items_per_head, 9);
   a.set_rotary_dim(24);  // half 12: not a multiple of 8
@@ -457,7 +461,7 @@ TEST_CASE("CUDA launch: one-round QK-norm blocks stage their weights and cos/sin
   // the benchmark's 32/8 heads at T = 128 (3 blocks a token) is staged on an H200, T = 512 is not
   CHECK(rope_norm_stage(128 * 3, 132));
   CHECK(!rope_norm_stage(512 * 3, 132));
-  CHECK(!rope_norm_stage(1, 0));   // multiprocessors unknown: never
+  CHECK(!rope_norm_stage(1, 0));  // multiprocessors unknown: never
   CHECK(!rope_norm_stage(1, -1));
 }
 
@@ -494,7 +498,7 @@ TEST_CASE("CUDA launch shape: whole warps, whole rounds, one round per block whe
   CHECK_EQ(plan_rope_cuda_launch(448, 8, 128, 1024).splits, 4);
   CHECK(!plan_rope_cuda_launch(448, 1023, 128, 1024).several_rounds);
   CHECK(plan_rope_cuda_launch(448, 1024, 128, 1024).several_rounds);
-  CHECK(!plan_rope_cuda_launch(128, 4096, 128, 1024).several_rounds);  // one round even unsplit
+  CHECK(!plan_rope_cuda_launch(128, 4096, 128, 1024).several_rounds);           // one round even unsplit
   CHECK(plan_rope_cuda_launch(int64_t{1} << 30, 8, 128, 1024).several_rounds);  // past the split limit
   CHECK_EQ(plan_rope_cuda_launch(24, 8, 128, 1024).threads, 32);
   CHECK_EQ(plan_rope_cuda_launch(0, 8, 128, 1024).threads, 32);
@@ -506,10 +510,10 @@ TEST_CASE("CUDA launch shape: whole warps, whole rounds, one round per block whe
       const RopeCudaLaunch l = plan_rope_cuda_launch(items, 1, max_threads, 1024);
       const int64_t rounds = (items + max_threads - 1) / max_threads;
       CHECK(l.threads % 32 == 0 && l.threads >= 32 && l.threads <= max_threads);
-      CHECK(l.threads * rounds >= items);                      // the rounds cover every item
-      CHECK(l.threads * rounds - items < 32 * rounds);         // less than a warp idle per round
-      CHECK_EQ(l.splits, rounds);                              // split: one block per round...
-      CHECK((items + l.splits - 1) / l.splits <= l.threads);   // ...each block's slice in one round
+      CHECK(l.threads * rounds >= items);                     // the rounds cover every item
+      CHECK(l.threads * rounds - items < 32 * rounds);        // less than a warp idle per round
+      CHECK_EQ(l.splits, rounds);                             // split: one block per round...
+      CHECK((items + l.splits - 1) / l.splits <= l.threads);  // ...each block's slice in one round
       CHECK(!l.several_rounds);
       const RopeCudaLaunch whole = plan_rope_cuda_launch(items, 1024, max_threads, 1024);
       CHECK_EQ(whole.splits, 1);
@@ -557,7 +561,10 @@ TEST_CASE("CUDA launch: a several-round call's last wave in one-round slices, ev
   CHECK_EQ(plan_rope_cuda_tail(bix, 384, 2048, 128, 8, 1320, 2), 2048 + 220 * 2);
   CHECK_EQ(bix.whole_tokens, 2048u - 220u);
   // no tail: within one wave, one-round tokens, resident blocks unknown, a grid past 2^31 - 1 blocks
-  for (auto c : {std::array<int64_t, 3>{384, 1188, 1188}, {128, 5000, 1188}, {384, 5000, 0}, {384, 5000, -1},
+  for (auto c : {std::array<int64_t, 3>{384, 1188, 1188},
+                 {128, 5000, 1188},
+                 {384, 5000, 0},
+                 {384, 5000, -1},
                  {384, kRopeMaxTokens - 100, 1188}}) {
     RopeCudaIndex ix = plan_rope_cuda_index(bp, 1, 8);
     CHECK_EQ(plan_rope_cuda_tail(ix, c[0], c[1], 128, 8, c[2]), c[1]);
@@ -656,7 +663,8 @@ TEST_CASE("reference: closed-form rotations") {
   CHECK_EQ(r.q_rot[6], 3.0);
   CHECK_EQ(r.q_rot[7], 4.0);
   // k = (1, 0, 0, 1) keeps its norm under any rotation
-  const double n = r.k_rot[4] * r.k_rot[4] + r.k_rot[5] * r.k_rot[5] + r.k_rot[6] * r.k_rot[6] + r.k_rot[7] * r.k_rot[7];
+  const double n =
+      r.k_rot[4] * r.k_rot[4] + r.k_rot[5] * r.k_rot[5] + r.k_rot[6] * r.k_rot[6] + r.k_rot[7] * r.k_rot[7];
   CHECK(std::fabs(n - 2.0) < 1e-15);
 }
 
@@ -696,7 +704,7 @@ TEST_CASE("float16/bfloat16 conversions round to nearest even") {
   CHECK_EQ(float_to_half(5.9604644775390625e-8f), uint16_t{0x0001});
   CHECK_EQ(float_to_half(1.0f + 1.0f / 2048), uint16_t{0x3c00});  // tie to even
   CHECK_EQ(float_to_half(1.0f + 3.0f / 2048), uint16_t{0x3c02});
-  CHECK_EQ(float_to_bf16(1.0f + 1.0f / 256), uint16_t{0x3f80});   // tie to even
+  CHECK_EQ(float_to_bf16(1.0f + 1.0f / 256), uint16_t{0x3f80});  // tie to even
   CHECK_EQ(bf16_to_float(0x3f81), 1.0078125f);
   for (uint32_t hbits = 0; hbits < 0x7c00; hbits += 7)  // round trip over finite halves
     CHECK_EQ(float_to_half(half_to_float(static_cast<uint16_t>(hbits))), static_cast<uint16_t>(hbits));

@@ -33,8 +33,8 @@ TEST_CASE("checks: 5-D, CUDA, dtype") {
                    "Unsupported usp_merge_heads dtype: torch.int32");
   for (DType d : {DType::Float16, DType::BFloat16, DType::Float32}) check(make({2, 3, 1, 4, 8}, d));
   // an expanded x whose output would pass 2^63 - 1 bytes (2^62 float32s); 2^61 bfloat16s fit
-  CHECK_THROWS_MSG(ValueError, check(make({int64_t{1} << 31, int64_t{1} << 31, 1, 1, 1}, DType::Float32, cuda0,
-                                          {0, 0, 1, 1, 1})),
+  CHECK_THROWS_MSG(ValueError,
+                   check(make({int64_t{1} << 31, int64_t{1} << 31, 1, 1, 1}, DType::Float32, cuda0, {0, 0, 1, 1, 1})),
                    "x is too large: the output would exceed 2^63 - 1 bytes");
   check(make({int64_t{1} << 31, int64_t{1} << 30, 1, 1, 1}, DType::BFloat16, cuda0, {0, 0, 1, 1, 1}));
   int64_t shape[5];

@@ -41,8 +41,9 @@ void check_coverage(const std::vector<int>& writes, int64_t rows, int64_t blocks
     for (int64_t b = 0; b < row_bytes; ++b) {
       const int want = b < used ? 1 : 0;
       if (writes[static_cast<size_t>(r * row_bytes + b)] != want) {
-        test::fail(__FILE__, __LINE__, "wire byte " + std::to_string(b) + " of row " + std::to_string(r) +
-                                           " written " + std::to_string(writes[r * row_bytes + b]) + " times");
+        test::fail(__FILE__, __LINE__,
+                   "wire byte " + std::to_string(b) + " of row " + std::to_string(r) + " written " +
+                       std::to_string(writes[r * row_bytes + b]) + " times");
         return;
       }
     }
@@ -81,17 +82,16 @@ TEST_CASE("pack plans: every wire byte written once (MHA, GQA split, GQA replica
   pack_covers(2, 17, 8, 8, 128);
   pack_covers(3, 5, 6, 6, 64);
   pack_covers(1, 1, 2, 2, 256);
-  pack_covers(2, 9, 8, 4, 128);   // kv split across ranks
-  pack_covers(4, 7, 8, 2, 64);    // kv head replicated
-  pack_covers(2, 65, 4, 1, 16);   // one block is one unit
+  pack_covers(2, 9, 8, 4, 128);  // kv split across ranks
+  pack_covers(4, 7, 8, 2, 64);   // kv head replicated
+  pack_covers(2, 65, 4, 1, 16);  // one block is one unit
 }
 
 TEST_CASE("strided views: a transposed attention output, quantized and dequantized") {
   for (bool to_plain : {true, false}) {
     // [W, rows, h, D] view of a [h, W * rows, D] tensor
     const int64_t w = 3, rows = 17, h = 5, dim = 64;
-    TensorArg x = make({w, rows, h, dim}, DType::Float16, {DeviceType::CUDA, 0},
-                       {rows * dim, dim, w * rows * dim, 1});
+    TensorArg x = make({w, rows, h, dim}, DType::Float16, {DeviceType::CUDA, 0}, {rows * dim, dim, w * rows * dim, 1});
     const void* plain_base = reinterpret_cast<void*>(int64_t{1} << 41);
     const StridedCopyPlan plan = plan_wire_view(x, plain_base, to_plain);
     CHECK(wire_kernel_applies(plan, DType::Float16, 2, dim, w * rows * h));
@@ -121,14 +121,15 @@ TEST_CASE("where the kernels apply") {
   const void* base = reinterpret_cast<void*>(int64_t{1} << 41);
   const StridedCopyPlan plan = plan_wire_view(x, base, true);
   CHECK(wire_kernel_applies(plan, DType::BFloat16, 2, 128, 24));
-  CHECK(wire_kernel_applies(plan, DType::Float32, 4, 128, 24));       // 512-byte blocks
-  CHECK(wire_kernel_applies(plan, DType::Float32, 4, 256, 24));       // 1024: 32 lanes of 32 bytes
-  CHECK(!wire_kernel_applies(plan, DType::Float32, 4, 512, 24));      // 2048: more lanes than a warp
-  CHECK(!wire_kernel_applies(plan, DType::BFloat16, 2, 96, 24));      // 192 bytes: not a power of two
-  CHECK(!wire_kernel_applies(plan, DType::BFloat16, 2, 8, 24));       // 16 bytes: under one unit
+  CHECK(wire_kernel_applies(plan, DType::Float32, 4, 128, 24));   // 512-byte blocks
+  CHECK(wire_kernel_applies(plan, DType::Float32, 4, 256, 24));   // 1024: 32 lanes of 32 bytes
+  CHECK(!wire_kernel_applies(plan, DType::Float32, 4, 512, 24));  // 2048: more lanes than a warp
+  CHECK(!wire_kernel_applies(plan, DType::BFloat16, 2, 96, 24));  // 192 bytes: not a power of two
+  CHECK(!wire_kernel_applies(plan, DType::BFloat16, 2, 8, 24));   // 16 bytes: under one unit
   CHECK(!wire_kernel_applies(plan, DType::Float64, 8, 16, 24));
   CHECK(!wire_kernel_applies(plan, DType::BFloat16, 2, 128, int64_t{1} << 31));
-  const TensorArg strided = make({2, 3, 4, 128}, DType::BFloat16, {DeviceType::CUDA, 0}, {3 * 4 * 256, 4 * 256, 256, 2});
+  const TensorArg strided =
+      make({2, 3, 4, 128}, DType::BFloat16, {DeviceType::CUDA, 0}, {3 * 4 * 256, 4 * 256, 256, 2});
   CHECK(!wire_kernel_applies(plan_wire_view(strided, base, true), DType::BFloat16, 2, 128, 24));
 }
 

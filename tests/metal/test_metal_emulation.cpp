@@ -53,9 +53,14 @@ struct Buffer {
     for (size_t i = 0; i < n; ++i) {
       unsigned char* p = raw.bytes.data() + i * arg.itemsize;
       const float x = normal(rng);
-      if (dt == DType::Float16) { const uint16_t b = cpu::float_to_half(x); std::memcpy(p, &b, 2); }
-      else if (dt == DType::BFloat16) { const uint16_t b = cpu::float_to_bf16(x); std::memcpy(p, &b, 2); }
-      else std::memcpy(p, &x, 4);
+      if (dt == DType::Float16) {
+        const uint16_t b = cpu::float_to_half(x);
+        std::memcpy(p, &b, 2);
+      } else if (dt == DType::BFloat16) {
+        const uint16_t b = cpu::float_to_bf16(x);
+        std::memcpy(p, &b, 2);
+      } else
+        std::memcpy(p, &x, 4);
     }
     size = n;
     dev.resize(n + guard);  // a guard region after the tensor: any store there is out of bounds
@@ -74,8 +79,8 @@ struct Case {
   DType dtype = DType::BFloat16;
   int64_t T = 17, hq = 8, hkv = 2, D = 64, rot = -1, pool = 40, pool_pad = 0;
   bool neox = true, cache = false, cache_bf16 = false, inplace = false, duplicate_slot = false;
-  int64_t page_size = 0;  // 0: a flat pool; else paged, `pool` slots in pages of this many
-  bool hnd = false;       // paged layout: [pages, heads, page, D] instead of [pages, page, heads, D]
+  int64_t page_size = 0;     // 0: a flat pool; else paged, `pool` slots in pages of this many
+  bool hnd = false;          // paged layout: [pages, heads, page, D] instead of [pages, page, heads, D]
   bool empty_pages = false;  // paged, 3 pages of no slots (page_size 0): every slot is past the pool
   int64_t pad_groups = 0;
   int threads = 32;
@@ -97,8 +102,9 @@ template <typename E>
 void run_case(const Case& c, uint32_t seed) {
   using Elem = Tracked<E>;
   const DType dt = c.dtype;
-  constexpr DType elem_dtype = std::is_same_v<E, half> ? DType::Float16
-                               : std::is_same_v<E, bfloat> ? DType::BFloat16 : DType::Float32;
+  constexpr DType elem_dtype = std::is_same_v<E, half>     ? DType::Float16
+                               : std::is_same_v<E, bfloat> ? DType::BFloat16
+                                                           : DType::Float32;
   if (dt != elem_dtype) {
     test::fail(__FILE__, __LINE__, "case dtype does not match the kernel's element type");
     return;
@@ -204,8 +210,7 @@ void run_case(const Case& c, uint32_t seed) {
 
   const auto ref = cpu::rope_pool_reference(a);  // before the kernel: inplace overwrites q/k
   std::vector<float> cache_as_f32(c.cache && !c.cache_bf16 ? 300 * rot : 1);
-  if (c.cache && !c.cache_bf16)
-    std::memcpy(cache_as_f32.data(), cache32.raw.bytes.data(), cache_as_f32.size() * 4);
+  if (c.cache && !c.cache_bf16) std::memcpy(cache_as_f32.data(), cache32.raw.bytes.data(), cache_as_f32.size() * 4);
 
   // the weights as the kernel's float32 buffers see them (used when a weight is float32)
   const void* q_w32 = a.has_q_norm ? a.q_norm_weight.data : w32.raw.bytes.data();
@@ -218,14 +223,15 @@ void run_case(const Case& c, uint32_t seed) {
     rope_pool<Elem>(q.dev.data(), k.dev.data(), v.dev.data(), q_out, k_out, kp.dev.data(), vp.dev.data(),
                     reinterpret_cast<const int*>(positions.data()), reinterpret_cast<const int*>(slots.data()),
                     cache_as_f32.data(), cache16.empty() ? nullptr : cache16.data(), fed,
-                    static_cast<const float*>(q_w32), wT.dev.data(), static_cast<const float*>(k_w32), wT.dev.data(),
-                    g, lane, n);
+                    static_cast<const float*>(q_w32), wT.dev.data(), static_cast<const float*>(k_w32), wT.dev.data(), g,
+                    lane, n);
   });
   CHECK(std::memcmp(&fed, &plan.params, sizeof(fed)) == 0);
 
-  const std::string what = std::string(core::dtype_name(dt)) + " T=" + std::to_string(c.T) + " D=" +
-                           std::to_string(c.D) + " rot=" + std::to_string(rot) + (c.neox ? " neox" : " gptj") +
-                           (c.cache ? " cache" : "") + (c.norm ? " norm" + std::to_string(c.norm) : "") + (P || c.empty_pages ? (c.hnd ? " HND page " : " NHD page ") + std::to_string(P) : "");
+  const std::string what = std::string(core::dtype_name(dt)) + " T=" + std::to_string(c.T) +
+                           " D=" + std::to_string(c.D) + " rot=" + std::to_string(rot) + (c.neox ? " neox" : " gptj") +
+                           (c.cache ? " cache" : "") + (c.norm ? " norm" + std::to_string(c.norm) : "") +
+                           (P || c.empty_pages ? (c.hnd ? " HND page " : " NHD page ") + std::to_string(P) : "");
   // q_rot / k_rot against the reference
   // `rotated`: the reference's rotation inputs (normalized heads where asked)
   auto compare = [&](const std::vector<double>& want, const Elem* got, const TensorArg& layout,
@@ -236,7 +242,10 @@ void run_case(const Case& c, uint32_t seed) {
         for (int64_t d = 0; d < c.D; ++d) {
           const double w = want[static_cast<size_t>((t * heads + h) * c.D + d)];
           const double g = static_cast<float>(got[t * layout.strides[0] + h * layout.strides[1] + d]);
-          if (std::isnan(w)) { if (!std::isnan(g)) worst = 1e9; continue; }
+          if (std::isnan(w)) {
+            if (!std::isnan(g)) worst = 1e9;
+            continue;
+          }
           int64_t pd = d;  // the element paired with d in its rotation
           if (d < rot) pd = c.neox ? (d < rot / 2 ? d + rot / 2 : d - rot / 2) : (d ^ 1);
           const float* row = &rotated[static_cast<size_t>((t * heads + h) * c.D)];
@@ -247,7 +256,8 @@ void run_case(const Case& c, uint32_t seed) {
   };
   const double wq = compare(ref.q_rot, q_out, q_rot_arg, ref.q_in, c.hq);
   const double wk = compare(ref.k_rot, k_out, k_rot_arg, ref.k_in, c.hkv);
-  if (!(wq <= 1.0 && wk <= 1.0)) test::fail(__FILE__, __LINE__, what + ": error " + std::to_string(std::max(wq, wk)) + "x bound");
+  if (!(wq <= 1.0 && wk <= 1.0))
+    test::fail(__FILE__, __LINE__, what + ": error " + std::to_string(std::max(wq, wk)) + "x bound");
 
   // pools: the rows the reference writes hold exactly this kernel's k_rot and v; all others untouched
   bool pools_ok = true;

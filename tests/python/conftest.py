@@ -49,8 +49,9 @@ def spawn_ranks(worker, world, *args, timeout=180):
     # a rank still running 20 s before the call gives up prints its threads'
     # stacks on stderr, which the failing test shows: a hang says where
     dump_after = max(timeout - 20, 1)
-    procs = [ctx.Process(target=_rank_main, args=(dump_after, worker, r, world, port, results) + args)
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(dump_after, worker, r, world, port, results) + args) for r in range(world)
+    ]
     for p in procs:
         p.start()
     try:
@@ -99,8 +100,13 @@ def run_rank(rank, world, port, results, backend, body, *args):
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=device if backend == "nccl" else None)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        device_id=device if backend == "nccl" else None,
+    )
     try:
         results.put((rank, body(rank, world, device, *args)))
     except Exception as e:

@@ -9,11 +9,12 @@ import os
 
 import torch
 import transformers
-
 from rope_schemes import POSITIONS, SCHEMES, transformers_table
 
 here = os.path.dirname(os.path.abspath(__file__))
 tables = {name: transformers_table(name)[POSITIONS].clone() for name in SCHEMES}
-torch.save({"transformers": transformers.__version__, "positions": POSITIONS, "tables": tables},
-           os.path.join(here, "fixtures", "rope_tables.pt"))
+torch.save(
+    {"transformers": transformers.__version__, "positions": POSITIONS, "tables": tables},
+    os.path.join(here, "fixtures", "rope_tables.pt"),
+)
 print(f"wrote {len(tables)} tables from transformers {transformers.__version__}")

@@ -15,10 +15,9 @@ import math
 import pathlib
 import sys
 
+import attnprep
 import pytest
 import torch
-
-import attnprep
 from attnprep import _bench as common
 from attnprep.testing import merge_reference, pack_reference
 
@@ -31,9 +30,26 @@ import peers  # noqa: E402
 GRAPH_US, COPY_GRAPH_US, EMPTY_US, HOST_US = 0.5, 0.25, 0.125, 7.0
 
 
-def fake_rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim, num_qo_heads, num_kv_heads,
-                         rope_base, q_norm_weight=None, k_norm_weight=None, norm_eps=1e-6, cos_sin_cache=None,
-                         kv_layout=None, k_scale=None, v_scale=None):
+def fake_rope_pool_fused(
+    q,
+    k,
+    v,
+    positions,
+    slots,
+    k_pool,
+    v_pool,
+    head_dim,
+    num_qo_heads,
+    num_kv_heads,
+    rope_base,
+    q_norm_weight=None,
+    k_norm_weight=None,
+    norm_eps=1e-6,
+    cos_sin_cache=None,
+    kv_layout=None,
+    k_scale=None,
+    v_scale=None,
+):
     b = bench_rope_pool
     if q_norm_weight is not None:
         q, k = b.rms_norm_model(q, q_norm_weight, norm_eps), b.rms_norm_model(k, k_norm_weight, norm_eps)
@@ -41,8 +57,9 @@ def fake_rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim, nu
         q_rot, k_rot = b.torch_rope_pool(q, k, v, positions, slots, k_pool, v_pool, b.inv_freq())
     else:
         page = k_pool.shape[1] if kv_layout == "NHD" else k_pool.shape[2]
-        q_rot, k_rot = b.torch_rope_paged(q, k, v, positions, slots, k_pool, v_pool, b.inv_freq(), kv_layout, page,
-                                          k_scale, v_scale)
+        q_rot, k_rot = b.torch_rope_paged(
+            q, k, v, positions, slots, k_pool, v_pool, b.inv_freq(), kv_layout, page, k_scale, v_scale
+        )
     return q_rot, k_rot, k_pool, v_pool
 
 
@@ -53,6 +70,7 @@ def on_cpu(monkeypatch):
         def g(*a, **kw):
             kw.pop("device", None)
             return f(*a, **kw)
+
         return g
 
     for name in ("randn", "rand", "randint", "randperm", "empty", "zeros", "tensor"):
@@ -112,11 +130,13 @@ def table(out, title_start):
 
 def numbers(row, names):
     """The row's cells as floats where they are numbers, names (strings) kept."""
+
     def cell(c):
         try:
             return float(c)
         except ValueError:
             return c
+
     got = [cell(c) for c in row]
     assert [c for c in got if isinstance(c, str)][1:] == names, got
     return got
@@ -141,8 +161,10 @@ def test_merge_table(on_cpu, capsys, monkeypatch):
     bench_usp_merge_heads.run()
     (row,) = table(capsys.readouterr().out, "usp_merge_heads")
     # contenders: attnprep 1 ms, copy 2, eager permute 3, eager copy_ 4, compiled permute 5, compiled copy_ 6
-    close(numbers(row, ["permute + contiguous"]),
-          ["(2, 17, 1, 3, 16)", 1e3, 200.0, 5e3, 40.0, "permute + contiguous", NAN, NAN, 3e3, 66.7, 3.0])
+    close(
+        numbers(row, ["permute + contiguous"]),
+        ["(2, 17, 1, 3, 16)", 1e3, 200.0, 5e3, 40.0, "permute + contiguous", NAN, NAN, 3e3, 66.7, 3.0],
+    )
 
 
 def test_pack_tables(on_cpu, capsys, monkeypatch):
@@ -153,9 +175,10 @@ def test_pack_tables(on_cpu, capsys, monkeypatch):
     n = len(peers.PACK_FORMULATIONS)
     (row,) = table(out, "pack_qkv_destination_major")
     # contenders: attnprep 1 ms, copy 2, the eager formulations 3.., the compiled ones after them
-    close(numbers(row, [first, first]),
-          ["(17, 8, 16, 2) fused", 1e3, 200.0, (3 + n) * 1e3, 200.0 / (3 + n), first, NAN, NAN, 3e3, 66.7, first,
-           3.0])
+    close(
+        numbers(row, [first, first]),
+        ["(17, 8, 16, 2) fused", 1e3, 200.0, (3 + n) * 1e3, 200.0 / (3 + n), first, NAN, NAN, 3e3, 66.7, first, 3.0],
+    )
     replay = table(out, "CUDA-graph replay")
     assert [r[0] for r in replay] == ["1", "65", "512"]
     for r in replay:
@@ -172,8 +195,29 @@ def test_rope_table(on_cpu, capsys):
     for row, T in zip(rows, (1, 8)):
         got = numbers(row, [])
         del got[2]  # GB/s: the op's bytes over its time
-        close(got, [float(T), 1e3, 300.0, GRAPH_US, GRAPH_US, COPY_GRAPH_US, 2e3, 200.0, GRAPH_US, 6e3, 50.0,
-                    GRAPH_US, 5e3, 6.0, NAN, NAN, NAN, NAN])
+        close(
+            got,
+            [
+                float(T),
+                1e3,
+                300.0,
+                GRAPH_US,
+                GRAPH_US,
+                COPY_GRAPH_US,
+                2e3,
+                200.0,
+                GRAPH_US,
+                6e3,
+                50.0,
+                GRAPH_US,
+                5e3,
+                6.0,
+                NAN,
+                NAN,
+                NAN,
+                NAN,
+            ],
+        )
 
 
 def cpu_writes_fp8():
@@ -194,8 +238,10 @@ def test_rope_formats_table(on_cpu, capsys):
     # contenders: op 1 ms, op with cos_sin_cache 2, copy 3, copy with the table rows 4, the two peers 5 and 6
     peer = list(bench_rope_pool.PAGED_PEERS)[0]
     for row in rows:
-        close(numbers(row, [peer]), [row[0], 8.0, 1e3, 300.0, GRAPH_US, COPY_GRAPH_US, 2e3, 200.0, GRAPH_US, peer,
-                                     5e3, GRAPH_US, 5.0])
+        close(
+            numbers(row, [peer]),
+            [row[0], 8.0, 1e3, 300.0, GRAPH_US, COPY_GRAPH_US, 2e3, 200.0, GRAPH_US, peer, 5e3, GRAPH_US, 5.0],
+        )
 
 
 def test_rope_norm_table(on_cpu, capsys):
@@ -206,8 +252,30 @@ def test_rope_norm_table(on_cpu, capsys):
     # the two compiled peers 6 and 7
     peer = list(bench_rope_pool.NORM_PEERS)[0]
     for row in rows:
-        close(numbers(row, [peer]), [row[0], 8.0, 1e3, 400.0, 0.5, GRAPH_US, COPY_GRAPH_US, 3e3, 5 / 3 * 100,
-                                     GRAPH_US, peer, 6e3, GRAPH_US, 6.0, 1.0, NAN, NAN, NAN, NAN])
+        close(
+            numbers(row, [peer]),
+            [
+                row[0],
+                8.0,
+                1e3,
+                400.0,
+                0.5,
+                GRAPH_US,
+                COPY_GRAPH_US,
+                3e3,
+                5 / 3 * 100,
+                GRAPH_US,
+                peer,
+                6e3,
+                GRAPH_US,
+                6.0,
+                1.0,
+                NAN,
+                NAN,
+                NAN,
+                NAN,
+            ],
+        )
 
 
 def test_compiled_peers_at_their_best(monkeypatch):

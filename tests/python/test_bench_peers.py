@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-
 from attnprep.testing import merge_reference, pack_reference
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
@@ -25,8 +24,10 @@ def pack_inputs(rows, heads, dim, fused):
 
 
 @pytest.mark.parametrize("name", list(peers.PACK_FORMULATIONS))
-@pytest.mark.parametrize("rows, heads, dim, world, fused", [(17, 8, 16, 2, False), (5, 12, 8, 4, True),
-                                                            (1, 6, 4, 3, False), (65, 8, 128, 8, True)])
+@pytest.mark.parametrize(
+    "rows, heads, dim, world, fused",
+    [(17, 8, 16, 2, False), (5, 12, 8, 4, True), (1, 6, 4, 3, False), (65, 8, 128, 8, True)],
+)
 def test_pack_formulations(name, rows, heads, dim, world, fused):
     q, k, v = pack_inputs(rows, heads, dim, fused)
     peers.check(peers.PACK_FORMULATIONS[name](q, k, v, world), pack_reference(q, k, v, world), name)

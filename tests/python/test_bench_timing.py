@@ -16,6 +16,7 @@ def test_interleaved_times_each_contender_over_its_whole_list():
         def call():
             calls[name] = calls.get(name, 0) + 1
             torch.cuda._sleep(cycles)
+
         return call
 
     # Spins of very different lengths: each median must come from its own contender.

@@ -8,11 +8,10 @@ import os
 import subprocess
 import sys
 
+import attnprep
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-
-import attnprep
 
 
 def compiled(fn):
@@ -38,9 +37,15 @@ ROPE_KW = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4)
 
 
 def rope_args(device="cpu", T=4):
-    return (torch.randn(T, 8, 64, device=device), torch.randn(T, 2, 64, device=device),
-            torch.randn(T, 2, 64, device=device), torch.arange(T, device=device), torch.arange(T, device=device),
-            torch.zeros(16, 2, 64, device=device), torch.zeros(16, 2, 64, device=device))
+    return (
+        torch.randn(T, 8, 64, device=device),
+        torch.randn(T, 2, 64, device=device),
+        torch.randn(T, 2, 64, device=device),
+        torch.arange(T, device=device),
+        torch.arange(T, device=device),
+        torch.zeros(16, 2, 64, device=device),
+        torch.zeros(16, 2, 64, device=device),
+    )
 
 
 def test_pack_qkv_traces_to_the_documented_error():
@@ -58,8 +63,12 @@ def test_pack_qkv_traces_to_the_documented_error():
 
 
 def test_usp_merge_heads_traces_to_the_documented_error():
-    expect(ValueError, "usp_merge_heads expects a CUDA tensor", compiled(lambda x: attnprep.usp_merge_heads(x + 1)),
-           torch.randn(2, 3, 1, 4, 8))
+    expect(
+        ValueError,
+        "usp_merge_heads expects a CUDA tensor",
+        compiled(lambda x: attnprep.usp_merge_heads(x + 1)),
+        torch.randn(2, 3, 1, 4, 8),
+    )
 
 
 @pytest.mark.parametrize("inplace", [False, True])
@@ -67,9 +76,11 @@ def test_usp_merge_heads_traces_to_the_documented_error():
 def test_rope_pool_traces_with_and_without_check_slots(inplace, check_slots):
     """check_slots is part of the op (its host check runs inside the real
     kernel), so it traces with fullgraph=True like any other argument."""
+
     def f(q, k, v, positions, slots, k_pool, v_pool):
-        out = attnprep.rope_pool_fused(q * 1, k * 1, v, positions, slots, k_pool, v_pool, inplace=inplace,
-                                       check_slots=check_slots, **ROPE_KW)
+        out = attnprep.rope_pool_fused(
+            q * 1, k * 1, v, positions, slots, k_pool, v_pool, inplace=inplace, check_slots=check_slots, **ROPE_KW
+        )
         return out[0] + 1, out[1].sum()
 
     expect(ValueError, "rope_pool_fused expects CUDA or MPS tensors", compiled(f), *rope_args())
@@ -94,19 +105,56 @@ def test_fake_kernels_run_the_documented_checks():
         q = torch.empty(5, 4, 8, device="cuda")
         flat = torch.empty(5, 32, device="cuda")
         for w in (-1, 0, 3):
-            expect(ValueError, "world_size must be positive and divide global_heads",
-                   attnprep.pack_qkv_destination_major, q, q, q, w)
-        expect(ValueError, "q, k, and v must have the same 3D shape", attnprep.pack_qkv_destination_major,
-               flat, flat, flat, 2)
-        expect(ValueError, "out must be a contiguous tensor with the expected shape, device, and dtype",
-               attnprep.pack_qkv_destination_major, q, q, q, 2, out=torch.empty(2, 5, 2, 25, device="cuda"))
-        expect(ValueError, "usp_merge_heads expects x to be 5-D [W, S, B, h_local, D], got torch.Size([5, 4, 8])",
-               attnprep.usp_merge_heads, q)
+            expect(
+                ValueError,
+                "world_size must be positive and divide global_heads",
+                attnprep.pack_qkv_destination_major,
+                q,
+                q,
+                q,
+                w,
+            )
+        expect(
+            ValueError,
+            "q, k, and v must have the same 3D shape",
+            attnprep.pack_qkv_destination_major,
+            flat,
+            flat,
+            flat,
+            2,
+        )
+        expect(
+            ValueError,
+            "out must be a contiguous tensor with the expected shape, device, and dtype",
+            attnprep.pack_qkv_destination_major,
+            q,
+            q,
+            q,
+            2,
+            out=torch.empty(2, 5, 2, 25, device="cuda"),
+        )
+        expect(
+            ValueError,
+            "usp_merge_heads expects x to be 5-D [W, S, B, h_local, D], got torch.Size([5, 4, 8])",
+            attnprep.usp_merge_heads,
+            q,
+        )
         args = rope_args("cuda")
-        expect(ValueError, "q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])",
-               attnprep.rope_pool_fused, *args, **dict(ROPE_KW, num_qo_heads=4))
-        expect(ValueError, "rope_pool_fused expects an even rotary_dim in [2, head_dim], got -2",
-               attnprep.rope_pool_fused, *args, rotary_dim=-2, **ROPE_KW)
+        expect(
+            ValueError,
+            "q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])",
+            attnprep.rope_pool_fused,
+            *args,
+            **dict(ROPE_KW, num_qo_heads=4),
+        )
+        expect(
+            ValueError,
+            "rope_pool_fused expects an even rotary_dim in [2, head_dim], got -2",
+            attnprep.rope_pool_fused,
+            *args,
+            rotary_dim=-2,
+            **ROPE_KW,
+        )
 
 
 LAYOUT_CODE = """
@@ -140,13 +188,23 @@ def test_tensors_of_other_layouts_get_the_layout_message():
 def test_meta_tensors_get_the_device_message():
     m = torch.empty(4, 8, 16, device="meta")
     expect(ValueError, "q, k, and v must be CUDA tensors", attnprep.pack_qkv_destination_major, m, m, m, 2)
-    expect(ValueError, "usp_merge_heads expects a CUDA tensor", attnprep.usp_merge_heads,
-           torch.empty(2, 3, 1, 4, 8, device="meta"))
-    expect(ValueError, "rope_pool_fused expects CUDA or MPS tensors", attnprep.rope_pool_fused,
-           *rope_args("meta"), **ROPE_KW)
+    expect(
+        ValueError,
+        "usp_merge_heads expects a CUDA tensor",
+        attnprep.usp_merge_heads,
+        torch.empty(2, 3, 1, 4, 8, device="meta"),
+    )
+    expect(
+        ValueError,
+        "rope_pool_fused expects CUDA or MPS tensors",
+        attnprep.rope_pool_fused,
+        *rope_args("meta"),
+        **ROPE_KW,
+    )
 
 
 # ---------------------------------------------------------------- argument types on every path
+
 
 def _pack_call(device, **bad):
     q = torch.randn(4, 8, 16, device=device)
@@ -211,24 +269,32 @@ def test_wrong_types_raise_alike_on_every_path(call, bad, msg):
     with pytest.raises(Exception) as e:
         compiled(lambda: call("cpu", **bad)())()
     cause = root_cause(e.value)
-    assert (type(cause) is TypeError and str(cause) == msg) or (
-        type(cause).__name__ == "ObservedTypeError" and str(cause) in (
-            f"raised exception {TypeError(msg)!r}",
-            # torch 2.11's dynamo names the exception's type without its message
-            "raised exception ExceptionVariable(<class 'TypeError'>)")) or (
-        # torch 2.4's dynamo reports that the traced code raised, without the exception
-        type(cause).__name__ == "ObservedException" and str(cause) == "raised exception ExceptionVariable()"), \
-        repr(cause)
+    assert (
+        (type(cause) is TypeError and str(cause) == msg)
+        or (
+            type(cause).__name__ == "ObservedTypeError"
+            and str(cause)
+            in (
+                f"raised exception {TypeError(msg)!r}",
+                # torch 2.11's dynamo names the exception's type without its message
+                "raised exception ExceptionVariable(<class 'TypeError'>)",
+            )
+        )
+        or (
+            # torch 2.4's dynamo reports that the traced code raised, without the exception
+            type(cause).__name__ == "ObservedException" and str(cause) == "raised exception ExceptionVariable()"
+        )
+    ), repr(cause)
 
 
-@pytest.mark.parametrize("value", [2**63, 2**70, -2**63 - 1])
+@pytest.mark.parametrize("value", [2**63, 2**70, -(2**63) - 1])
 def test_ints_past_int64_fail_their_range_check_in_turn_on_every_path(value):
     """Eagerly and through the dispatcher alike: the range check of that argument, after the
     checks before it (on CPU tensors the device check comes first)."""
     world = "world_size must be positive and divide global_heads"
     shape = "q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])"
     rotary = "rope_pool_fused expects an even rotary_dim in [2, head_dim], got "
-    saturated = 2**63 - 1 if value > 0 else -2**63
+    saturated = 2**63 - 1 if value > 0 else -(2**63)
     expect(ValueError, "q, k, and v must be CUDA tensors", _pack_call("cpu", world_size=value))
     expect(ValueError, shape, _rope_call("cpu", head_dim=value))
     expect(ValueError, "q, k, and v must be CUDA tensors", compiled(lambda: _pack_call("cpu", world_size=value)()))
@@ -258,8 +324,7 @@ def _numbers():
 
     import numpy as np
 
-    return [1e4, 10000, np.float64(1e4), np.float32(1e4), np.int64(10000), np.int32(10000),
-            fractions.Fraction(10000)]
+    return [1e4, 10000, np.float64(1e4), np.float32(1e4), np.int64(10000), np.int32(10000), fractions.Fraction(10000)]
 
 
 @pytest.mark.parametrize("i", range(7))
@@ -275,5 +340,8 @@ def test_number_arguments_accept_python_and_numpy_numbers_alike(i):
     with FakeTensorMode():
         q_rot, _, _, _ = _rope_call("cuda", rope_base=base, head_dim=np.int64(64))()
         assert q_rot.shape == (4, 8, 64)
-    expect(TypeError, f"{RP}: rope_base must be a number, got {type(np.bool_(True)).__name__}",
-           _rope_call("cpu", rope_base=np.bool_(True)))
+    expect(
+        TypeError,
+        f"{RP}: rope_base must be a number, got {type(np.bool_(True)).__name__}",
+        _rope_call("cpu", rope_base=np.bool_(True)),
+    )

@@ -7,12 +7,11 @@ the root cause under torch.compile."""
 import sys
 import traceback
 
+import attnprep
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-
-import attnprep
 from test_compile_tracing import compiled, root_cause
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 KW = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4)
 
@@ -54,6 +53,7 @@ def on_every_path(make, msg, note_cpu, note_cuda):
 def test_rope_dtype_check_names_each_tensor():
     def make(device):
         return rope_call(device, q_dtype=torch.bfloat16, k_dtype=torch.float16)
+
     note = "q: torch.bfloat16 on {d}, k: torch.float16 on {d}, v: torch.bfloat16 on {d}"
     on_every_path(make, "q/k/v dtypes must match", note.format(d="cpu"), note.format(d="cuda:0"))
 
@@ -61,6 +61,7 @@ def test_rope_dtype_check_names_each_tensor():
 def test_rope_shape_check_gives_expected_and_given_shape():
     def make(device):
         return rope_call(device, q_heads=6)
+
     msg = "q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 6, 64])"
     note = "expected [4, 8, 64], got torch.Size([4, 6, 64])"
     on_every_path(make, msg, note, note)
@@ -69,6 +70,7 @@ def test_rope_shape_check_gives_expected_and_given_shape():
 def test_pack_shape_check_names_each_shape():
     def make(device):
         return pack_call(device, shapes=((4, 8, 16), (4, 8, 16), (5, 8, 16)))
+
     note = "q: torch.Size([4, 8, 16]), k: torch.Size([4, 8, 16]), v: torch.Size([5, 8, 16])"
     on_every_path(make, "q, k, and v must have the same 3D shape", note, note)
 
@@ -79,8 +81,11 @@ def test_pack_device_and_dtype_checks_name_each_tensor():
     # on the CPU the device check comes first; on (fake) CUDA tensors the dtype check
     check(raised(pack_call("cpu", dtypes)), "q, k, and v must be CUDA tensors", note.format(d="cpu"))
     with FakeTensorMode():
-        check(raised(pack_call("cuda", dtypes)), "q, k, and v must have the same device and dtype",
-              note.format(d="cuda:0"))
+        check(
+            raised(pack_call("cuda", dtypes)),
+            "q, k, and v must have the same device and dtype",
+            note.format(d="cuda:0"),
+        )
 
 
 def test_world_size_check_gives_both_numbers():

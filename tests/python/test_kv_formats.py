@@ -2,13 +2,12 @@
 views of one combined buffer, fp8 pools with scales on the device; against
 attnprep.testing's plain-torch pool reference, bit for bit."""
 
+import attnprep
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-
-import attnprep
 from attnprep.testing import cos_sin, pool_write_reference, rope_error_ratio, rope_reference
 from conftest import poison_like, requires_cuda, same_bits
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 
@@ -28,8 +27,21 @@ def pools(layout, page_size, slots_total, heads, dim, dtype, combined=False):
     return poison_like(shape, dtype, "cuda"), poison_like(shape, dtype, "cuda")
 
 
-def run(layout="NHD", page_size=16, dtype=torch.bfloat16, pool_dtype=None, T=65, hq=8, hkv=2, dim=128,
-        per_head_scale=False, combined=False, inplace=False, seed=0, cache=None):
+def run(
+    layout="NHD",
+    page_size=16,
+    dtype=torch.bfloat16,
+    pool_dtype=None,
+    T=65,
+    hq=8,
+    hkv=2,
+    dim=128,
+    per_head_scale=False,
+    combined=False,
+    inplace=False,
+    seed=0,
+    cache=None,
+):
     g = torch.Generator().manual_seed(seed)
     pool_dtype = pool_dtype or dtype
     # whole pages, at least eight, about twice the tokens
@@ -52,15 +64,29 @@ def run(layout="NHD", page_size=16, dtype=torch.bfloat16, pool_dtype=None, T=65,
     scales = {}
     if pool_dtype in FP8:
         n = hkv if per_head_scale else 1
-        scales = dict(k_scale=(0.5 + torch.rand(n, generator=g)).cuda().reshape(() if n == 1 and not per_head_scale
-                                                                                else (n,)),
-                      v_scale=(0.5 + torch.rand(n, generator=g)).cuda())
+        scales = dict(
+            k_scale=(0.5 + torch.rand(n, generator=g)).cuda().reshape(() if n == 1 and not per_head_scale else (n,)),
+            v_scale=(0.5 + torch.rand(n, generator=g)).cuda(),
+        )
     kp_before, vp_before = k_pool.clone(), v_pool.clone()
     q_in, k_in = q.clone(), k.clone()
     q_rot, k_rot, kp, vp = attnprep.rope_pool_fused(
-        q, k, v, positions, slots, k_pool, v_pool, head_dim=dim, num_qo_heads=hq, num_kv_heads=hkv,
-        rope_base=10000.0, kv_layout="NHD" if layout == "flat" else layout, inplace=inplace, cos_sin_cache=cache,
-        **scales)
+        q,
+        k,
+        v,
+        positions,
+        slots,
+        k_pool,
+        v_pool,
+        head_dim=dim,
+        num_qo_heads=hq,
+        num_kv_heads=hkv,
+        rope_base=10000.0,
+        kv_layout="NHD" if layout == "flat" else layout,
+        inplace=inplace,
+        cos_sin_cache=cache,
+        **scales,
+    )
     assert kp is k_pool and vp is v_pool
     cos, sin = cos_sin(positions, dim, 10000.0, cache)
     assert rope_error_ratio(q_rot, rope_reference(q_in, cos, sin, dim, True), q_in, dim, True) <= 1
@@ -107,10 +133,21 @@ def test_per_head_scales_and_saturation(pool_dtype):
     k = torch.full((T, 1, dim), 1e6, device="cuda")
     k_pool = torch.zeros(1, 4, 1, dim, device="cuda").to(pool_dtype)
     v_pool = torch.zeros_like(k_pool)
-    attnprep.rope_pool_fused(torch.zeros(T, 1, dim, device="cuda"), k, -k, torch.zeros(T, dtype=torch.long,
-                             device="cuda"), torch.arange(T, device="cuda"), k_pool, v_pool, head_dim=dim,
-                             num_qo_heads=1, num_kv_heads=1, rope_base=1e4,
-                             k_scale=torch.tensor(1e-3, device="cuda"), v_scale=torch.ones(1, device="cuda"))
+    attnprep.rope_pool_fused(
+        torch.zeros(T, 1, dim, device="cuda"),
+        k,
+        -k,
+        torch.zeros(T, dtype=torch.long, device="cuda"),
+        torch.arange(T, device="cuda"),
+        k_pool,
+        v_pool,
+        head_dim=dim,
+        num_qo_heads=1,
+        num_kv_heads=1,
+        rope_base=1e4,
+        k_scale=torch.tensor(1e-3, device="cuda"),
+        v_scale=torch.ones(1, device="cuda"),
+    )
     # inside the range, the nearest value: 1e4 is 10240 in e5m2 (spacing 2048 there)
     fmax = torch.finfo(pool_dtype).max
     assert (k_pool.float() == fmax).all() and (v_pool.float() == -fmax).all()
@@ -128,14 +165,26 @@ def test_scales_where_the_kernel_divides_and_at_the_reciprocal_paths_edges(pool_
     scales = torch.tensor([2.0**-64, 2.0**64, 1e-40, 2.0**70, -2.0, 3.0, 0.1, 1.5 * 2.0**-63]).cuda()
     magnitude = 2.0 ** torch.randint(-120, 121, (T, hkv, dim), generator=g).float()
     v = (torch.randn(T, hkv, dim, generator=g) * magnitude).to(torch.bfloat16).cuda()
-    k = torch.randn(T, hkv, dim, generator=g).to(torch.bfloat16).cuda() * 2.0 ** 40
+    k = torch.randn(T, hkv, dim, generator=g).to(torch.bfloat16).cuda() * 2.0**40
     slots = torch.randperm(4 * 16, generator=g)[:T].cuda()
     k_pool, v_pool = pools("NHD", 16, 4 * 16, hkv, dim, pool_dtype)
     kp_before, vp_before = k_pool.clone(), v_pool.clone()
     q = torch.randn(T, 1, dim, generator=g).to(torch.bfloat16).cuda()
     _, k_rot, _, _ = attnprep.rope_pool_fused(
-        q, k, v, torch.arange(T, device="cuda"), slots, k_pool, v_pool, head_dim=dim, num_qo_heads=1,
-        num_kv_heads=hkv, rope_base=1e4, k_scale=scales, v_scale=scales)
+        q,
+        k,
+        v,
+        torch.arange(T, device="cuda"),
+        slots,
+        k_pool,
+        v_pool,
+        head_dim=dim,
+        num_qo_heads=1,
+        num_kv_heads=hkv,
+        rope_base=1e4,
+        k_scale=scales,
+        v_scale=scales,
+    )
     assert same_bits(k_pool, pool_write_reference(kp_before, k_rot, slots, "NHD", scales))
     assert same_bits(v_pool, pool_write_reference(vp_before, v, slots, "NHD", scales))
 
@@ -173,9 +222,12 @@ def test_scales_are_read_on_the_device_in_graphs():
 @requires_cuda
 def test_check_slots_counts_the_pages():
     k_pool = torch.zeros(2, 16, 2, 64, device="cuda", dtype=torch.bfloat16)
-    args = (torch.randn(3, 4, 64, device="cuda", dtype=torch.bfloat16),
-            torch.randn(3, 2, 64, device="cuda", dtype=torch.bfloat16),
-            torch.randn(3, 2, 64, device="cuda", dtype=torch.bfloat16), torch.arange(3, device="cuda"))
+    args = (
+        torch.randn(3, 4, 64, device="cuda", dtype=torch.bfloat16),
+        torch.randn(3, 2, 64, device="cuda", dtype=torch.bfloat16),
+        torch.randn(3, 2, 64, device="cuda", dtype=torch.bfloat16),
+        torch.arange(3, device="cuda"),
+    )
     kw = dict(head_dim=64, num_qo_heads=4, num_kv_heads=2, rope_base=1e4, check_slots=True)
     attnprep.rope_pool_fused(*args, torch.tensor([0, 16, 31], device="cuda"), k_pool, torch.zeros_like(k_pool), **kw)
     with pytest.raises(ValueError) as e:
@@ -216,18 +268,36 @@ def test_pools_of_empty_pages(layout, pool_dtype, T, norm):
 @requires_cuda
 def test_torch_compile_with_paged_fp8():
     def f(q, k, v, positions, slots, k_pool, v_pool, k_scale, v_scale):
-        out = attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=64, num_qo_heads=4,
-                                       num_kv_heads=2, rope_base=1e4, k_scale=k_scale, v_scale=v_scale,
-                                       kv_layout="HND")
+        out = attnprep.rope_pool_fused(
+            q,
+            k,
+            v,
+            positions,
+            slots,
+            k_pool,
+            v_pool,
+            head_dim=64,
+            num_qo_heads=4,
+            num_kv_heads=2,
+            rope_base=1e4,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            kv_layout="HND",
+        )
         return out[0] * 2
 
     T = 5
-    args = [torch.randn(T, 4, 64, device="cuda", dtype=torch.bfloat16),
-            torch.randn(T, 2, 64, device="cuda", dtype=torch.bfloat16),
-            torch.randn(T, 2, 64, device="cuda", dtype=torch.bfloat16), torch.arange(T, device="cuda"),
-            torch.arange(T, device="cuda") * 3, torch.zeros(2, 2, 16, 64, device="cuda", dtype=torch.float8_e4m3fn),
-            torch.zeros(2, 2, 16, 64, device="cuda", dtype=torch.float8_e4m3fn), torch.ones((), device="cuda"),
-            torch.ones((), device="cuda")]
+    args = [
+        torch.randn(T, 4, 64, device="cuda", dtype=torch.bfloat16),
+        torch.randn(T, 2, 64, device="cuda", dtype=torch.bfloat16),
+        torch.randn(T, 2, 64, device="cuda", dtype=torch.bfloat16),
+        torch.arange(T, device="cuda"),
+        torch.arange(T, device="cuda") * 3,
+        torch.zeros(2, 2, 16, 64, device="cuda", dtype=torch.float8_e4m3fn),
+        torch.zeros(2, 2, 16, 64, device="cuda", dtype=torch.float8_e4m3fn),
+        torch.ones((), device="cuda"),
+        torch.ones((), device="cuda"),
+    ]
     eager_pools = [t.clone() for t in args[5:7]]
     want = f(*args[:5], *eager_pools, *args[7:])
     torch._dynamo.reset()
@@ -241,10 +311,15 @@ def test_torch_compile_with_paged_fp8():
 
 def fake_call(**over):
     with FakeTensorMode():
-        a = dict(q=torch.empty(4, 8, 64, device="cuda"), k=torch.empty(4, 2, 64, device="cuda"),
-                 v=torch.empty(4, 2, 64, device="cuda"), positions=torch.zeros(4, dtype=torch.long, device="cuda"),
-                 slots=torch.zeros(4, dtype=torch.long, device="cuda"),
-                 k_pool=torch.empty(4, 16, 2, 64, device="cuda"), v_pool=torch.empty(4, 16, 2, 64, device="cuda"))
+        a = dict(
+            q=torch.empty(4, 8, 64, device="cuda"),
+            k=torch.empty(4, 2, 64, device="cuda"),
+            v=torch.empty(4, 2, 64, device="cuda"),
+            positions=torch.zeros(4, dtype=torch.long, device="cuda"),
+            slots=torch.zeros(4, dtype=torch.long, device="cuda"),
+            k_pool=torch.empty(4, 16, 2, 64, device="cuda"),
+            v_pool=torch.empty(4, 16, 2, 64, device="cuda"),
+        )
         kw = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4)
         for key, val in over.items():
             val = val() if callable(val) else val
@@ -264,43 +339,90 @@ def expect(exc, msg, **over):
 
 def test_paged_and_fp8_messages():
     fake_call()  # NHD pages of 16
-    fake_call(k_pool=fp8_pool(4, 2, 16, 64), v_pool=fp8_pool(4, 2, 16, 64), kv_layout="HND",
-              k_scale=lambda: torch.ones((), device="cuda"), v_scale=lambda: torch.ones(2, device="cuda"))
+    fake_call(
+        k_pool=fp8_pool(4, 2, 16, 64),
+        v_pool=fp8_pool(4, 2, 16, 64),
+        kv_layout="HND",
+        k_scale=lambda: torch.ones((), device="cuda"),
+        v_scale=lambda: torch.ones(2, device="cuda"),
+    )
     expect(ValueError, 'kv_layout must be "NHD" or "HND", got nhd', kv_layout="nhd")
     expect(ValueError, "k_pool has incompatible shape torch.Size([4, 16, 2, 64])", kv_layout="HND")
-    expect(ValueError, "v_pool shape must match k_pool shape, got torch.Size([4, 8, 2, 64]) vs "
-                       "torch.Size([4, 16, 2, 64])", v_pool=fp8_pool(4, 8, 2, 64, dtype=torch.float32))
-    expect(ValueError, "pool dtypes must match q/k/v dtype", k_pool=fp8_pool(4, 16, 2, 64),
-           v_pool=fp8_pool(4, 16, 2, 64, dtype=torch.float8_e5m2))
-    expect(ValueError, "fp8 pools need k_scale and v_scale", k_pool=fp8_pool(4, 16, 2, 64),
-           v_pool=fp8_pool(4, 16, 2, 64), k_scale=lambda: torch.ones((), device="cuda"))
-    expect(ValueError, "k_scale and v_scale apply to fp8 pools only, got torch.float32 pools",
-           k_scale=lambda: torch.ones((), device="cuda"))
-    expect(ValueError, "k_scale and v_scale must be float32, got torch.bfloat16", k_pool=fp8_pool(4, 16, 2, 64),
-           v_pool=fp8_pool(4, 16, 2, 64), k_scale=lambda: torch.ones((), device="cuda", dtype=torch.bfloat16),
-           v_scale=lambda: torch.ones((), device="cuda"))
-    expect(ValueError, "k_scale and v_scale must have shape [], [1] or [num_kv_heads] (contiguous), got "
-                       "torch.Size([1, 2])", k_pool=fp8_pool(4, 16, 2, 64), v_pool=fp8_pool(4, 16, 2, 64),
-           k_scale=lambda: torch.ones(1, 2, device="cuda"), v_scale=lambda: torch.ones((), device="cuda"))
+    expect(
+        ValueError,
+        "v_pool shape must match k_pool shape, got torch.Size([4, 8, 2, 64]) vs torch.Size([4, 16, 2, 64])",
+        v_pool=fp8_pool(4, 8, 2, 64, dtype=torch.float32),
+    )
+    expect(
+        ValueError,
+        "pool dtypes must match q/k/v dtype",
+        k_pool=fp8_pool(4, 16, 2, 64),
+        v_pool=fp8_pool(4, 16, 2, 64, dtype=torch.float8_e5m2),
+    )
+    expect(
+        ValueError,
+        "fp8 pools need k_scale and v_scale",
+        k_pool=fp8_pool(4, 16, 2, 64),
+        v_pool=fp8_pool(4, 16, 2, 64),
+        k_scale=lambda: torch.ones((), device="cuda"),
+    )
+    expect(
+        ValueError,
+        "k_scale and v_scale apply to fp8 pools only, got torch.float32 pools",
+        k_scale=lambda: torch.ones((), device="cuda"),
+    )
+    expect(
+        ValueError,
+        "k_scale and v_scale must be float32, got torch.bfloat16",
+        k_pool=fp8_pool(4, 16, 2, 64),
+        v_pool=fp8_pool(4, 16, 2, 64),
+        k_scale=lambda: torch.ones((), device="cuda", dtype=torch.bfloat16),
+        v_scale=lambda: torch.ones((), device="cuda"),
+    )
+    expect(
+        ValueError,
+        "k_scale and v_scale must have shape [], [1] or [num_kv_heads] (contiguous), got torch.Size([1, 2])",
+        k_pool=fp8_pool(4, 16, 2, 64),
+        v_pool=fp8_pool(4, 16, 2, 64),
+        k_scale=lambda: torch.ones(1, 2, device="cuda"),
+        v_scale=lambda: torch.ones((), device="cuda"),
+    )
 
 
 def test_slot_count_of_a_huge_empty_pool_is_exact():
     """Check 25's count is pages * page_size exactly, past 64 bits too (an HND pool of no heads)."""
     pool = lambda: torch.empty(1 << 40, 0, 1 << 40, 64, device="cuda")  # noqa: E731
     empty = lambda: torch.empty(4, 0, 64, device="cuda")  # noqa: E731
-    expect(ValueError, f"rope_pool_fused supports paged pools of fewer than 2^32 slots, got {1 << 80}",
-           k_pool=pool, v_pool=pool, kv_layout="HND", k=empty, v=empty, num_kv_heads=0)
+    expect(
+        ValueError,
+        f"rope_pool_fused supports paged pools of fewer than 2^32 slots, got {1 << 80}",
+        k_pool=pool,
+        v_pool=pool,
+        kv_layout="HND",
+        k=empty,
+        v=empty,
+        num_kv_heads=0,
+    )
 
 
 def test_argument_types_on_the_direct_path():
     """Arguments are converted before any check (so on a CPU machine too)."""
-    a = (torch.randn(4, 8, 64), torch.randn(4, 2, 64), torch.randn(4, 2, 64), torch.arange(4), torch.arange(4),
-         torch.zeros(4, 16, 2, 64), torch.zeros(4, 16, 2, 64))
+    a = (
+        torch.randn(4, 8, 64),
+        torch.randn(4, 2, 64),
+        torch.randn(4, 2, 64),
+        torch.arange(4),
+        torch.arange(4),
+        torch.zeros(4, 16, 2, 64),
+        torch.zeros(4, 16, 2, 64),
+    )
     kw = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4)
-    for over, exc, msg in [(dict(kv_layout=1), TypeError, "rope_pool_fused: kv_layout must be a str, got int"),
-                           (dict(k_scale=1.0), TypeError, "k_scale must be a torch.Tensor, got float"),
-                           (dict(kv_layout="hnd"), ValueError, 'kv_layout must be "NHD" or "HND", got hnd'),
-                           ({}, ValueError, "rope_pool_fused expects CUDA or MPS tensors")]:
+    for over, exc, msg in [
+        (dict(kv_layout=1), TypeError, "rope_pool_fused: kv_layout must be a str, got int"),
+        (dict(k_scale=1.0), TypeError, "k_scale must be a torch.Tensor, got float"),
+        (dict(kv_layout="hnd"), ValueError, 'kv_layout must be "NHD" or "HND", got hnd'),
+        ({}, ValueError, "rope_pool_fused expects CUDA or MPS tensors"),
+    ]:
         with pytest.raises(exc) as e:
             attnprep.rope_pool_fused(*a, **kw, **over)
         assert str(e.value) == msg

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import MULTICAST_OFF, requires_cuda
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -42,14 +42,14 @@ def reference_tokens(model, requests):
     out = {}
     for req in requests:
         ids = torch.tensor(req.prompt, device=model.device)[None]
-        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=req.max_new_tokens,
-                             do_sample=False, pad_token_id=0)
-        out[req.rid] = gen[0, ids.shape[1]:].tolist()
+        gen = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=req.max_new_tokens, do_sample=False, pad_token_id=0
+        )
+        out[req.rid] = gen[0, ids.shape[1] :].tolist()
     return out
 
 
-def run(family, device, backend, new_tokens, dtype=torch.float32, static_decode=False, cuda_graphs=False,
-        **engine_kw):
+def run(family, device, backend, new_tokens, dtype=torch.float32, static_decode=False, cuda_graphs=False, **engine_kw):
     pytest.importorskip("transformers")
     model = pd.small_model(family, dtype, device)
     reference = copy.deepcopy(model)
@@ -59,8 +59,12 @@ def run(family, device, backend, new_tokens, dtype=torch.float32, static_decode=
     requests = [pd.Request(i, p, n) for i, (p, n) in enumerate(zip(prompts, lengths))]
     want = reference_tokens(reference, requests)
     engine = pd.PagedEngine(model, page_size=16, num_pages=64, backend=backend, **engine_kw)
-    got = engine.generate(requests, arrivals=[0, 0, 2, 5], static_decode=static_decode,  # join and leave mid-run
-                          cuda_graphs=cuda_graphs)
+    got = engine.generate(
+        requests,
+        arrivals=[0, 0, 2, 5],
+        static_decode=static_decode,  # join and leave mid-run
+        cuda_graphs=cuda_graphs,
+    )
     assert sorted(engine.pages.free_pages) == list(range(64))  # every page came back
     return got, want
 
@@ -114,16 +118,17 @@ def bf16_against_transformers(family, device, backend, new_tokens):
     agree = worst = 0.0
     for i, prompt in enumerate(prompts):
         ids = torch.tensor(prompt, device=device)[None]
-        out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                 do_sample=False, pad_token_id=0)
-        want = out[0, ids.shape[1]:].tolist()
+        out = reference.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0
+        )
+        want = out[0, ids.shape[1] :].tolist()
         n = 0
         while n < len(want) and want[n] == got[i][n]:
             n += 1
         agree += n / len(want) / len(prompts)
         seq = torch.tensor(prompt + got[i][:-1], device=device)[None]
         with torch.no_grad():
-            forced = reference(seq, attention_mask=torch.ones_like(seq)).logits[0, len(prompt) - 1:].float().cpu()
+            forced = reference(seq, attention_mask=torch.ones_like(seq)).logits[0, len(prompt) - 1 :].float().cpu()
         assert forced.shape[0] == len(engine.logits[i]) == new_tokens
         for step in range(new_tokens):
             a, b = forced[step], engine.logits[i][step]
@@ -163,8 +168,9 @@ def test_fp8_pool_logits_against_the_bf16_pool():
     pytest.importorskip("transformers")
     first = {}
     for pool_dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        engine = pd.PagedEngine(pd.small_model("llama", torch.bfloat16, "cuda"), backend="attnprep",
-                                pool_dtype=pool_dtype)
+        engine = pd.PagedEngine(
+            pd.small_model("llama", torch.bfloat16, "cuda"), backend="attnprep", pool_dtype=pool_dtype
+        )
         engine.logits = {}
         g = torch.Generator().manual_seed(2)
         engine.generate([pd.Request(0, torch.randint(0, 1000, (40,), generator=g).tolist(), 1)])
@@ -173,3 +179,37 @@ def test_fp8_pool_logits_against_the_bf16_pool():
     scale = first[torch.bfloat16].abs().max().item()
     print(f"fp8 pool: max |logit error| {err:.3g} against max |logit| {scale:.3g}")
     assert 0 < err < 0.25 * scale  # fp8 does change them, within a sanity bound; the value is what gets reported
+
+
+def test_the_model_is_left_as_it_was_given_and_serves_a_second_engine():
+    pytest.importorskip("transformers")
+    model = pd.small_model("gptj", torch.float32, "cpu", layers=1)
+    layers = [(layer, name, getattr(layer, name)) for layer, name in pd._attention_layers(model)]
+    implementation = model.config._attn_implementation
+    requests = lambda: [pd.Request(0, [1, 2, 3], 4)]  # noqa: E731
+    first = pd.PagedEngine(model, page_size=16, num_pages=4, backend="reference").generate(requests())
+    assert all(getattr(layer, name) is inner for layer, name, inner in layers)
+    assert model.config._attn_implementation == implementation
+    second = pd.PagedEngine(model, page_size=16, num_pages=4, backend="reference").generate(requests())
+    assert first == second == reference_tokens(model, requests())
+
+
+def test_command_line_on_the_cpu(capsys):
+    pytest.importorskip("transformers")
+    pd.main(["--device", "cpu", "--new-tokens", "4"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "cpu" in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| llama", "| qwen3", "| gpt_neox", "| gptj"]
+    assert all(" | 4 of 4 | " in r for r in rows), rows
+
+
+def test_command_line_says_what_is_missing(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        pd.main(["--device", "cuda"])
+    assert str(e.value) == (
+        "paged_decode: no CUDA device here; run with --device cpu for the plain-torch reference backend"
+    )
+    monkeypatch.setitem(sys.modules, "transformers", None)  # an import of it raises ImportError
+    with pytest.raises(SystemExit) as e:
+        pd.main(["--device", "cpu"])
+    assert str(e.value) == "paged_decode: needs transformers: pip install 'transformers>=5.25,<6'"

@@ -5,14 +5,12 @@ import subprocess
 import sys
 import warnings
 
+import attnprep
 import pytest
 import torch
-
-import attnprep
 from attnprep import pack_qkv_destination_major as pack
 from attnprep.testing import pack_reference
 from conftest import poison_like, requires_cuda, requires_two_gpus, same_bits
-
 
 reference = pack_reference
 
@@ -211,14 +209,14 @@ def test_world_size_past_int64_and_many_dimensions():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     q = torch.randn(4, 8, 16)
-    for world_size in (2**63, -2**63 - 1, 2**70, -2**70):
+    for world_size in (2**63, -(2**63) - 1, 2**70, -(2**70)):
         raises(MSG_CUDA, q, q, q, world_size)
         raises(MSG_SHAPE, q, q[:, :4], q, world_size)
     with FakeTensorMode():
         no_heads = torch.empty(4, 0, 16, device="cuda")
         most_heads = torch.empty(1, 1, 1, device="cuda").expand(1, 2**63 - 1, 1)
         for x in (torch.empty(4, 8, 16, device="cuda"), no_heads, most_heads):
-            for world_size in (2**63, 2**64 - 1, 2**70, -2**63 - 1, -2**70):
+            for world_size in (2**63, 2**64 - 1, 2**70, -(2**63) - 1, -(2**70)):
                 raises(MSG_WORLD, x, x, x, world_size)
                 raises(MSG_WORLD, x, x, x, world_size, out=torch.empty(1, device="cuda"))
         # the largest int64 divides 0 heads: check 5 passes, and check 8 refuses the output
@@ -257,10 +255,10 @@ def test_messages_on_cuda():
     a, b, c = (t.view(4, 8, 16) for t in qkv.split(8 * 16, dim=1))
     before = buf.clone()
     raises(MSG_OVERLAP, a, b, c, 2, out=qkv.view(2, 4, 4, 48))
-    raises(MSG_OVERLAP, a, b, c, 2, out=buf[100:100 + 2 * 4 * 4 * 48].view(2, 4, 4, 48))
+    raises(MSG_OVERLAP, a, b, c, 2, out=buf[100 : 100 + 2 * 4 * 4 * 48].view(2, 4, 4, 48))
     torch.cuda.synchronize()
     assert same_bits(buf, before)
-    assert pack(a, b, c, 2, out=buf[4 * 3 * 8 * 16:].view(2, 4, 4, 48)) is not None  # adjacent, not overlapping
+    assert pack(a, b, c, 2, out=buf[4 * 3 * 8 * 16 :].view(2, 4, 4, 48)) is not None  # adjacent, not overlapping
 
 
 # ---------------------------------------------------------------- correctness
@@ -374,6 +372,7 @@ def test_large_offsets_past_2_31_elements():
 
 
 # ---------------------------------------------------------------- integration
+
 
 @requires_cuda
 def test_runs_on_the_current_stream():
@@ -497,7 +496,8 @@ def test_fallback_import_path_on_gpu():
         "with torch.cuda.stream(s):\n"
         "    got = attnprep.pack_qkv_destination_major(q, q * 2, q * 3, 2)\n"
         "torch.cuda.synchronize()\n"
-        "want = torch.cat([t.view(65, 2, 4, 1, 64) for t in (q, q*2, q*3)], 3).permute(1, 0, 2, 3, 4).reshape(2, 65, 4, 192)\n"
+        "want = torch.cat([t.view(65, 2, 4, 1, 64) for t in (q, q*2, q*3)], 3)\n"
+        "want = want.permute(1, 0, 2, 3, 4).reshape(2, 65, 4, 192)\n"
         "assert torch.equal(got, want)\n"
     )
     env = dict(os.environ, ATTNPREP_DISABLE_EXCHANGE_API="1")

@@ -5,13 +5,12 @@ torch.compile, and transformers' own Qwen3 and Gemma 3 norm + RoPE."""
 
 import math
 
+import attnprep
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-
-import attnprep
 from attnprep.testing import cos_sin, pool_write_reference, rms_norm_reference, rope_error_ratio, rope_reference
 from conftest import poison_like, requires_cuda, same_bits
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 KW = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4)
 
@@ -20,10 +19,15 @@ KW = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4)
 
 def fake_call(**over):
     with FakeTensorMode():
-        a = dict(q=torch.empty(4, 8, 64, device="cuda"), k=torch.empty(4, 2, 64, device="cuda"),
-                 v=torch.empty(4, 2, 64, device="cuda"), positions=torch.zeros(4, dtype=torch.long, device="cuda"),
-                 slots=torch.zeros(4, dtype=torch.long, device="cuda"),
-                 k_pool=torch.empty(16, 2, 64, device="cuda"), v_pool=torch.empty(16, 2, 64, device="cuda"))
+        a = dict(
+            q=torch.empty(4, 8, 64, device="cuda"),
+            k=torch.empty(4, 2, 64, device="cuda"),
+            v=torch.empty(4, 2, 64, device="cuda"),
+            positions=torch.zeros(4, dtype=torch.long, device="cuda"),
+            slots=torch.zeros(4, dtype=torch.long, device="cuda"),
+            k_pool=torch.empty(16, 2, 64, device="cuda"),
+            v_pool=torch.empty(16, 2, 64, device="cuda"),
+        )
         kw = dict(KW, q_norm_weight=torch.ones(64, device="cuda"), k_norm_weight=torch.ones(64, device="cuda"))
         for key, val in over.items():
             val = val() if callable(val) else val
@@ -44,40 +48,75 @@ def weight(*shape, dtype=torch.float32, device="cuda"):
 def test_messages_in_order():
     fake_call()
     fake_call(q_norm_weight=None, k_norm_weight=weight(64, dtype=torch.float32))
-    fake_call(q=lambda: torch.empty(4, 8, 64, device="cuda", dtype=torch.bfloat16),
-              k=lambda: torch.empty(4, 2, 64, device="cuda", dtype=torch.bfloat16),
-              v=lambda: torch.empty(4, 2, 64, device="cuda", dtype=torch.bfloat16),
-              k_pool=lambda: torch.empty(16, 2, 64, device="cuda", dtype=torch.bfloat16),
-              v_pool=lambda: torch.empty(16, 2, 64, device="cuda", dtype=torch.bfloat16),
-              q_norm_weight=weight(64, dtype=torch.bfloat16))
+    fake_call(
+        q=lambda: torch.empty(4, 8, 64, device="cuda", dtype=torch.bfloat16),
+        k=lambda: torch.empty(4, 2, 64, device="cuda", dtype=torch.bfloat16),
+        v=lambda: torch.empty(4, 2, 64, device="cuda", dtype=torch.bfloat16),
+        k_pool=lambda: torch.empty(16, 2, 64, device="cuda", dtype=torch.bfloat16),
+        v_pool=lambda: torch.empty(16, 2, 64, device="cuda", dtype=torch.bfloat16),
+        q_norm_weight=weight(64, dtype=torch.bfloat16),
+    )
     expect(ValueError, "rope_pool_fused expects all tensors on one device", k_norm_weight=weight(64, device="cpu"))
-    expect(ValueError, "q_norm_weight and k_norm_weight must have shape [head_dim] = [64], got torch.Size([128])",
-           q_norm_weight=weight(128))
-    expect(ValueError, "q_norm_weight and k_norm_weight must have shape [head_dim] = [64], got torch.Size([1, 64])",
-           k_norm_weight=weight(1, 64))
-    expect(ValueError, "q_norm_weight and k_norm_weight must be float32 or q's dtype (torch.float32), got "
-                       "torch.bfloat16", k_norm_weight=weight(64, dtype=torch.bfloat16))
-    expect(ValueError, "q_norm_weight and k_norm_weight must be contiguous",
-           q_norm_weight=lambda: torch.empty_strided((64,), (2,), device="cuda"))
+    expect(
+        ValueError,
+        "q_norm_weight and k_norm_weight must have shape [head_dim] = [64], got torch.Size([128])",
+        q_norm_weight=weight(128),
+    )
+    expect(
+        ValueError,
+        "q_norm_weight and k_norm_weight must have shape [head_dim] = [64], got torch.Size([1, 64])",
+        k_norm_weight=weight(1, 64),
+    )
+    expect(
+        ValueError,
+        "q_norm_weight and k_norm_weight must be float32 or q's dtype (torch.float32), got torch.bfloat16",
+        k_norm_weight=weight(64, dtype=torch.bfloat16),
+    )
+    expect(
+        ValueError,
+        "q_norm_weight and k_norm_weight must be contiguous",
+        q_norm_weight=lambda: torch.empty_strided((64,), (2,), device="cuda"),
+    )
     for eps, shown in [(0.0, "0"), (-1, "-1"), (1e-50, "1e-50"), (float("nan"), "nan"), (float("inf"), "inf")]:
         expect(ValueError, f"norm_eps must be a positive finite number, got {shown}", norm_eps=eps)
-    expect(ValueError, "norm_eps must be a positive finite number, got -1", norm_eps=-1, q_norm_weight=None,
-           k_norm_weight=None)
+    expect(
+        ValueError,
+        "norm_eps must be a positive finite number, got -1",
+        norm_eps=-1,
+        q_norm_weight=None,
+        k_norm_weight=None,
+    )
     expect(ValueError, "norm_weight_offset must be finite, got inf", norm_weight_offset=float("inf"))
     # an earlier check wins
-    expect(ValueError, "q_norm_weight and k_norm_weight must have shape [head_dim] = [64], got torch.Size([128])",
-           q_norm_weight=weight(128), norm_eps=-1)
+    expect(
+        ValueError,
+        "q_norm_weight and k_norm_weight must have shape [head_dim] = [64], got torch.Size([128])",
+        q_norm_weight=weight(128),
+        norm_eps=-1,
+    )
 
 
 def test_argument_types():
-    a = (torch.randn(4, 8, 64), torch.randn(4, 2, 64), torch.randn(4, 2, 64), torch.arange(4), torch.arange(4),
-         torch.zeros(16, 2, 64), torch.zeros(16, 2, 64))
-    for over, exc, msg in [(dict(q_norm_weight=1.0), TypeError, "q_norm_weight must be a torch.Tensor, got float"),
-                           (dict(k_norm_weight=[1]), TypeError, "k_norm_weight must be a torch.Tensor, got list"),
-                           (dict(norm_eps="1e-6"), TypeError, "rope_pool_fused: norm_eps must be a number, got str"),
-                           (dict(norm_weight_offset=None), TypeError,
-                            "rope_pool_fused: norm_weight_offset must be a number, got NoneType"),
-                           ({}, ValueError, "rope_pool_fused expects CUDA or MPS tensors")]:
+    a = (
+        torch.randn(4, 8, 64),
+        torch.randn(4, 2, 64),
+        torch.randn(4, 2, 64),
+        torch.arange(4),
+        torch.arange(4),
+        torch.zeros(16, 2, 64),
+        torch.zeros(16, 2, 64),
+    )
+    for over, exc, msg in [
+        (dict(q_norm_weight=1.0), TypeError, "q_norm_weight must be a torch.Tensor, got float"),
+        (dict(k_norm_weight=[1]), TypeError, "k_norm_weight must be a torch.Tensor, got list"),
+        (dict(norm_eps="1e-6"), TypeError, "rope_pool_fused: norm_eps must be a number, got str"),
+        (
+            dict(norm_weight_offset=None),
+            TypeError,
+            "rope_pool_fused: norm_weight_offset must be a number, got NoneType",
+        ),
+        ({}, ValueError, "rope_pool_fused expects CUDA or MPS tensors"),
+    ]:
         with pytest.raises(exc) as e:
             attnprep.rope_pool_fused(*a, **{**KW, "q_norm_weight": torch.ones(64), **over})
         assert str(e.value) == msg
@@ -86,7 +125,11 @@ def test_argument_types():
 @requires_cuda
 def test_weights_overlapping_what_the_op_writes_are_refused():
     T = 4
-    q, k, v = torch.randn(T, 8, 64, device="cuda"), torch.randn(T, 2, 64, device="cuda"), torch.randn(T, 2, 64, device="cuda")
+    q, k, v = (
+        torch.randn(T, 8, 64, device="cuda"),
+        torch.randn(T, 2, 64, device="cuda"),
+        torch.randn(T, 2, 64, device="cuda"),
+    )
     positions, slots = torch.arange(T, device="cuda"), torch.arange(T, device="cuda")
     k_pool, v_pool = torch.zeros(16, 2, 64, device="cuda"), torch.zeros(16, 2, 64, device="cuda")
     msg = "k_pool and v_pool (and q and k with inplace=True) must not overlap q_norm_weight or k_norm_weight"
@@ -105,17 +148,18 @@ def test_weights_overlapping_what_the_op_writes_are_refused():
 
 def test_reference_sums_pairwise_over_the_padded_head():
     # 1 + seven 2^-24 squares: pairwise gives 1 + 3 * 2^-23, a running sum stays at 1
-    x = torch.full((1, 8), 2.0 ** -12)
+    x = torch.full((1, 8), 2.0**-12)
     x[0, 0] = 1.0
-    ss = torch.tensor(1.0 + 3 * 2.0 ** -23, dtype=torch.float32)
+    ss = torch.tensor(1.0 + 3 * 2.0**-23, dtype=torch.float32)
     want = 1.0 / torch.sqrt(ss / 8 + torch.tensor(1e-6, dtype=torch.float32))
     assert torch.equal(rms_norm_reference(x, torch.ones(8))[0, 0], want)
     # head_dim 3: padded to 4, ((1 + 4) + (9 + 0))
     x = torch.tensor([[1.0, -2.0, 3.0]])
     inv = 1.0 / torch.sqrt(torch.tensor(14.0) / 3 + torch.tensor(1e-6))
     assert torch.equal(rms_norm_reference(x, torch.tensor([1.0, 2.0, 0.5])), (x * inv) * torch.tensor([1.0, 2.0, 0.5]))
-    assert torch.equal(rms_norm_reference(x, torch.tensor([1.0, 2.0, 0.5]), offset=1.0),
-                       (x * inv) * torch.tensor([2.0, 3.0, 1.5]))
+    assert torch.equal(
+        rms_norm_reference(x, torch.tensor([1.0, 2.0, 0.5]), offset=1.0), (x * inv) * torch.tensor([2.0, 3.0, 1.5])
+    )
 
 
 # transformers' RMSNorm modules of the two conventions, where transformers is installed
@@ -123,14 +167,16 @@ def hf_norms():
     tf = pytest.importorskip("transformers")
     from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
     return tf, Qwen3RMSNorm, Gemma3RMSNorm
 
 
 def ulps_apart(a, b):
     """Largest distance in units in the last place of a's dtype (a, b same dtype, finite)."""
     fa, fb = a.float(), b.float()
-    ulp = torch.finfo(a.dtype).eps * torch.exp2(torch.floor(torch.log2(torch.maximum(fa.abs(), fb.abs())
-                                                                          .clamp(min=torch.finfo(a.dtype).tiny))))
+    ulp = torch.finfo(a.dtype).eps * torch.exp2(
+        torch.floor(torch.log2(torch.maximum(fa.abs(), fb.abs()).clamp(min=torch.finfo(a.dtype).tiny)))
+    )
     return ((fa - fb).abs() / ulp).max().item()
 
 
@@ -185,8 +231,26 @@ def case(T, hq, hkv, D, dtype, seed=0, w_dtype=torch.float32, fused=False):
     return q, k, v, positions, slots, wq, wk
 
 
-def run(q, k, v, positions, slots, wq, wk, *, rot=None, is_neox=True, offset=0.0, eps=1e-6, cache=None,
-        inplace=False, k_pool=None, v_pool=None, kv_layout="NHD", scales=None):
+def run(
+    q,
+    k,
+    v,
+    positions,
+    slots,
+    wq,
+    wk,
+    *,
+    rot=None,
+    is_neox=True,
+    offset=0.0,
+    eps=1e-6,
+    cache=None,
+    inplace=False,
+    k_pool=None,
+    v_pool=None,
+    kv_layout="NHD",
+    scales=None,
+):
     T, hq, D = q.shape
     hkv = k.shape[1]
     rot = rot or D
@@ -195,11 +259,29 @@ def run(q, k, v, positions, slots, wq, wk, *, rot=None, is_neox=True, offset=0.0
         v_pool = poison_like((2 * T + 3, hkv, D), q.dtype, "cuda")
     kp0, vp0 = k_pool.clone(), v_pool.clone()
     q_in, k_in = q.clone(), k.clone()
-    out = attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=D, num_qo_heads=hq,
-                                   num_kv_heads=hkv, rope_base=1e4, rotary_dim=None if rot == D else rot,
-                                   is_neox=is_neox, cos_sin_cache=cache, inplace=inplace, q_norm_weight=wq,
-                                   k_norm_weight=wk, norm_eps=eps, norm_weight_offset=offset, kv_layout=kv_layout,
-                                   **(scales or {}))
+    out = attnprep.rope_pool_fused(
+        q,
+        k,
+        v,
+        positions,
+        slots,
+        k_pool,
+        v_pool,
+        head_dim=D,
+        num_qo_heads=hq,
+        num_kv_heads=hkv,
+        rope_base=1e4,
+        rotary_dim=None if rot == D else rot,
+        is_neox=is_neox,
+        cos_sin_cache=cache,
+        inplace=inplace,
+        q_norm_weight=wq,
+        k_norm_weight=wk,
+        norm_eps=eps,
+        norm_weight_offset=offset,
+        kv_layout=kv_layout,
+        **(scales or {}),
+    )
     q_rot, k_rot = out[0], out[1]
     if inplace:
         assert q_rot is q and k_rot is k
@@ -221,7 +303,9 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("D", [2, 16, 64, 80, 128, 256, 512])
-@pytest.mark.parametrize("offset, w_same", [(0.0, False), (0.0, True), (1.0, True)], ids=["qwen3-f32w", "qwen3", "gemma"])
+@pytest.mark.parametrize(
+    "offset, w_same", [(0.0, False), (0.0, True), (1.0, True)], ids=["qwen3-f32w", "qwen3", "gemma"]
+)
 @pytest.mark.parametrize("with_cache", [False, True], ids=["rope_base", "cache"])
 def test_normalized_values_are_bit_exact(dtype, D, offset, w_same, with_cache):
     """Position 0 rotates by the identity: q_rot/k_rot are the normalized heads,
@@ -255,8 +339,10 @@ def test_weights_down_to_subnormal_products_are_bit_exact(dtype, with_cache):
     wq = (sign * torch.exp2(exps)).to(dtype).cuda()
     wk = wq.flip(0).contiguous()
     assert (wq.float().abs() < info.smallest_normal).any()
-    q, k = ((x.float().cpu() * torch.exp2(-torch.randint(0, 13, x.shape, generator=g).float())).to(dtype).cuda()
-            for x in (q, k))
+    q, k = (
+        (x.float().cpu() * torch.exp2(-torch.randint(0, 13, x.shape, generator=g).float())).to(dtype).cuda()
+        for x in (q, k)
+    )
     cache = attnprep.rope_cos_sin_cache(D, 4, 1e4, device="cuda") if with_cache else None
     q_rot, k_rot, qn, kn = run(q, k, v, positions, slots, wq, wk, cache=cache)
     assert (qn.float().abs() < info.smallest_normal).logical_and(qn != 0).any()
@@ -273,11 +359,15 @@ def test_norm_then_rope(dtype, is_neox, T, heads):
 
 
 @requires_cuda
-@pytest.mark.parametrize("D, heads", [(64, (5, 1)), (128, (5, 1)), (128, (64, 8)), (256, (5, 1)), (512, (5, 1))],
-                         ids=str)
+@pytest.mark.parametrize(
+    "D, heads", [(64, (5, 1)), (128, (5, 1)), (128, (64, 8)), (256, (5, 1)), (512, (5, 1))], ids=str
+)
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
-@pytest.mark.parametrize("w_dtype, offset", [(torch.bfloat16, 0.0), (torch.float32, 0.0), (torch.bfloat16, 1.0)],
-                         ids=["qwen3", "qwen3-f32w", "gemma"])
+@pytest.mark.parametrize(
+    "w_dtype, offset",
+    [(torch.bfloat16, 0.0), (torch.float32, 0.0), (torch.bfloat16, 1.0)],
+    ids=["qwen3", "qwen3-f32w", "gemma"],
+)
 def test_table_warp_blocks_match_whole_token_blocks(D, heads, is_neox, w_dtype, offset):
     """Computing cos/sin, a small call's one-round blocks have a table warp
     (RopeCudaPolicy::table_warp_threads, core::rope_table_warp) that computes
@@ -289,8 +379,9 @@ def test_table_warp_blocks_match_whole_token_blocks(D, heads, is_neox, w_dtype, 
     q, k, v, positions, slots, wq, wk = case(1100, heads[0], heads[1], D, torch.bfloat16, seed=D, w_dtype=w_dtype)
     whole = run(q, k, v, positions, slots, wq, wk, is_neox=is_neox, offset=offset)
     for T in (1, 37):
-        small = run(q[:T], k[:T], v[:T], positions[:T], torch.arange(T, device="cuda"), wq, wk, is_neox=is_neox,
-                    offset=offset)
+        small = run(
+            q[:T], k[:T], v[:T], positions[:T], torch.arange(T, device="cuda"), wq, wk, is_neox=is_neox, offset=offset
+        )
         assert same_bits(small[0], whole[0][:T]) and same_bits(small[1], whole[1][:T])
 
 
@@ -342,10 +433,20 @@ def test_inplace_strided_and_misaligned(T):
 @pytest.mark.parametrize("T, hq, hkv", [(65, 8, 2), (1500, 32, 8)])  # one round per block; three
 def test_cos_sin_cache_and_eps(T, hq, hkv, cache_dtype):
     q, k, v, positions, slots, wq, wk = case(T, hq, hkv, 128, torch.bfloat16)
-    cache = attnprep.rope_cos_sin_cache(128, 1 << 16, 1e6, scaling={"rope_type": "llama3", "factor": 8.0,
-                                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                                    "original_max_position_embeddings": 8192},
-                                        dtype=cache_dtype, device="cuda")
+    cache = attnprep.rope_cos_sin_cache(
+        128,
+        1 << 16,
+        1e6,
+        scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        dtype=cache_dtype,
+        device="cuda",
+    )
     run(q, k, v, positions, slots, wq, wk, cache=cache, eps=1e-2)
     # all-zero heads: 0 * 1/sqrt(eps) = 0, never NaN
     z = torch.zeros_like(q)
@@ -357,7 +458,9 @@ def test_cos_sin_cache_and_eps(T, hq, hkv, cache_dtype):
 @pytest.mark.parametrize("D", [64, 256, 512])
 @pytest.mark.parametrize("T", [37, 1100])  # split tokens; whole tokens (2-3 rounds from head_dim 256)
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("offset, w_same", [(0.0, True), (0.0, False), (1.0, True)], ids=["qwen3", "qwen3-f32w", "gemma"])
+@pytest.mark.parametrize(
+    "offset, w_same", [(0.0, True), (0.0, False), (1.0, True)], ids=["qwen3", "qwen3-f32w", "gemma"]
+)
 def test_cache_rows_at_every_head_dim(D, T, cache_dtype, offset, w_same):
     """With a cos_sin_cache each warp of the CUDA kernel copies the token's
     row (and 2-byte Llama-style weights) into shared memory, a lane per 16
@@ -365,8 +468,9 @@ def test_cache_rows_at_every_head_dim(D, T, cache_dtype, offset, w_same):
     copies several chunks. The rotation stays within the bound, and at
     position 0 (the identity) the outputs are the normalized values bit for
     bit."""
-    q, k, v, positions, slots, wq, wk = case(T, 8, 2, D, torch.bfloat16, seed=D + T,
-                                             w_dtype=torch.bfloat16 if w_same else torch.float32)
+    q, k, v, positions, slots, wq, wk = case(
+        T, 8, 2, D, torch.bfloat16, seed=D + T, w_dtype=torch.bfloat16 if w_same else torch.float32
+    )
     cache = attnprep.rope_cos_sin_cache(D, 1 << 16, 1e4, dtype=cache_dtype, device="cuda")
     run(q, k, v, positions, slots, wq, wk, offset=offset, cache=cache)
     positions.zero_()
@@ -402,8 +506,7 @@ def test_last_wave_in_one_round_slices(hq, extra, with_cache, w_dtype, offset):
     blocks: the call again with its tokens in reverse order."""
     per_sm = 10 if hq == 32 else 9
     resident = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
-    q, k, v, positions, slots, wq, wk = case(resident + extra, hq, 8, 128, torch.bfloat16, seed=extra,
-                                             w_dtype=w_dtype)
+    q, k, v, positions, slots, wq, wk = case(resident + extra, hq, 8, 128, torch.bfloat16, seed=extra, w_dtype=w_dtype)
     cache = attnprep.rope_cos_sin_cache(128, 1 << 16, 1e4, device="cuda") if with_cache else None
     got = run(q, k, v, positions, slots, wq, wk, cache=cache, offset=offset)
     flip = [x.flip(0) for x in (q, k, v, positions, slots)]
@@ -457,10 +560,21 @@ def test_paged_and_fp8_pools(layout, page_size, pool_dtype):
 def test_empty():
     q, k, v, positions, slots, wq, wk = case(1, 8, 2, 128, torch.bfloat16)
     e = lambda t: t[:0]  # noqa: E731
-    out = attnprep.rope_pool_fused(e(q), e(k), e(v), e(positions), e(slots), torch.zeros(4, 2, 128, device="cuda",
-                                   dtype=torch.bfloat16), torch.zeros(4, 2, 128, device="cuda", dtype=torch.bfloat16),
-                                   head_dim=128, num_qo_heads=8, num_kv_heads=2, rope_base=1e4, q_norm_weight=wq,
-                                   k_norm_weight=wk)
+    out = attnprep.rope_pool_fused(
+        e(q),
+        e(k),
+        e(v),
+        e(positions),
+        e(slots),
+        torch.zeros(4, 2, 128, device="cuda", dtype=torch.bfloat16),
+        torch.zeros(4, 2, 128, device="cuda", dtype=torch.bfloat16),
+        head_dim=128,
+        num_qo_heads=8,
+        num_kv_heads=2,
+        rope_base=1e4,
+        q_norm_weight=wq,
+        k_norm_weight=wk,
+    )
     assert out[0].shape == (0, 8, 128)
 
 
@@ -492,12 +606,20 @@ def test_torch_compile_fullgraph(inplace):
     q, k, v, positions, slots, wq, wk = case(17, 8, 2, 64, torch.bfloat16)
     k_pool = torch.zeros(40, 2, 64, device="cuda", dtype=torch.bfloat16)
     v_pool = torch.zeros_like(k_pool)
-    kw = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4, inplace=inplace, norm_eps=1e-5,
-              norm_weight_offset=1.0)
+    kw = dict(
+        head_dim=64,
+        num_qo_heads=8,
+        num_kv_heads=2,
+        rope_base=1e4,
+        inplace=inplace,
+        norm_eps=1e-5,
+        norm_weight_offset=1.0,
+    )
 
     def f(q, k, v, positions, slots, k_pool, v_pool, wq, wk):
-        out = attnprep.rope_pool_fused(q * 1, k * 1, v, positions, slots, k_pool, v_pool, q_norm_weight=wq,
-                                       k_norm_weight=wk, **kw)
+        out = attnprep.rope_pool_fused(
+            q * 1, k * 1, v, positions, slots, k_pool, v_pool, q_norm_weight=wq, k_norm_weight=wk, **kw
+        )
         return out[0] + 1, out[1].float().sum()
 
     kp2, vp2 = k_pool.clone(), v_pool.clone()
@@ -512,8 +634,30 @@ def test_opcheck():
     q, k, v, positions, slots, wq, wk = case(9, 8, 2, 64, torch.float16, w_dtype=torch.float16)
     k_pool = torch.zeros(21, 2, 64, device="cuda", dtype=torch.float16)
     v_pool = torch.zeros_like(k_pool)
-    args = (q, k, v, positions, slots, k_pool, v_pool, 64, 8, 2, 1e4, None, True, None, None, None, "NHD", wq, wk,
-            1e-6, 1.0, False)
+    args = (
+        q,
+        k,
+        v,
+        positions,
+        slots,
+        k_pool,
+        v_pool,
+        64,
+        8,
+        2,
+        1e4,
+        None,
+        True,
+        None,
+        None,
+        None,
+        "NHD",
+        wq,
+        wk,
+        1e-6,
+        1.0,
+        False,
+    )
     torch.library.opcheck(torch.ops.attnprep.rope_pool_fused.default, args)
 
 
@@ -521,7 +665,8 @@ def test_opcheck():
 
 
 def model_error_ratio(got, want, n):
-    """max |got - want| / (ulp(want) + c eps |pair|): c = 2 for 16-bit outputs (the model rounds its norm twice), 8 for float32 (NeoX pairs)."""
+    """max |got - want| / (ulp(want) + c eps |pair|): c = 2 for 16-bit outputs
+    (the model rounds its norm twice), 8 for float32 (NeoX pairs)."""
     got, want, x = got.double().cpu(), want.double().cpu(), n.double().cpu().abs()
     h = x.shape[-1] // 2
     pair = torch.cat([x[..., :h] + x[..., h:], x[..., h:] + x[..., :h]], -1)
@@ -543,6 +688,7 @@ def test_matches_transformers_norm_then_rope(dtype, family):
     way; float32: a few float32 ulp of the pair."""
     tf, Qwen3RMSNorm, Gemma3RMSNorm = hf_norms()
     from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
     T, hq, hkv, D = 77, 64, 8, 128
     g = torch.Generator().manual_seed(1)
     norm_cls, offset = (Qwen3RMSNorm, 0.0) if family == "qwen3" else (Gemma3RMSNorm, 1.0)
@@ -560,14 +706,29 @@ def test_matches_transformers_norm_then_rope(dtype, family):
     with torch.no_grad():
         qn, kn = q_norm(q), k_norm(k)  # [T, H, D]: the model's own modules
         # transformers' RoPE, [batch, heads, seq, D]
-        want_q, want_k = apply_rotary_pos_emb(qn.float().transpose(0, 1)[None], kn.float().transpose(0, 1)[None],
-                                              cos[None], sin[None])
+        want_q, want_k = apply_rotary_pos_emb(
+            qn.float().transpose(0, 1)[None], kn.float().transpose(0, 1)[None], cos[None], sin[None]
+        )
     want_q, want_k = want_q[0].transpose(0, 1).to(dtype), want_k[0].transpose(0, 1).to(dtype)
     k_pool = torch.zeros(2 * T, hkv, D, device="cuda", dtype=dtype)
     q_rot, k_rot, _, _ = attnprep.rope_pool_fused(
-        q, k, v, positions, torch.arange(T, device="cuda"), k_pool, torch.zeros_like(k_pool), head_dim=D,
-        num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e6, cos_sin_cache=cache, q_norm_weight=q_norm.weight,
-        k_norm_weight=k_norm.weight, norm_eps=1e-6, norm_weight_offset=offset)
+        q,
+        k,
+        v,
+        positions,
+        torch.arange(T, device="cuda"),
+        k_pool,
+        torch.zeros_like(k_pool),
+        head_dim=D,
+        num_qo_heads=hq,
+        num_kv_heads=hkv,
+        rope_base=1e6,
+        cos_sin_cache=cache,
+        q_norm_weight=q_norm.weight.detach(),  # a parameter: it requires grad (the op refuses that)
+        k_norm_weight=k_norm.weight.detach(),
+        norm_eps=1e-6,
+        norm_weight_offset=offset,
+    )
     for got, want, n in ((q_rot, want_q, qn), (k_rot, want_k, kn)):
         assert model_error_ratio(got, want, n) <= 1.0
         if dtype != torch.float32:

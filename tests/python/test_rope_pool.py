@@ -9,14 +9,18 @@ import sys
 
 import pytest
 import torch
-
 from attnprep import rope_pool_fused
 from attnprep.testing import cos_sin, rope_error_ratio, rope_reference
 from conftest import poison_like, same_bits
 
-DEVICES = [d for d, ok in (("cuda", torch.cuda.is_available()),
-                           ("mps", getattr(torch.backends, "mps", None) is not None
-                            and torch.backends.mps.is_available())) if ok]
+DEVICES = [
+    d
+    for d, ok in (
+        ("cuda", torch.cuda.is_available()),
+        ("mps", getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()),
+    )
+    if ok
+]
 requires_gpu = pytest.mark.skipif(not DEVICES, reason="needs a CUDA or MPS device")
 on_devices = pytest.mark.parametrize("device", DEVICES or ["none"])
 
@@ -32,8 +36,20 @@ def assert_close_to_reference(got, want, x, rot, is_neox):
 # ---------------------------------------------------------------- inputs
 
 
-def make_case(device, T, hq, hkv, D, dtype, pool_size=None, fused=False, pos_dtype=torch.int64, max_pos=1 << 20,
-              pool_row_pad=0, seed=0):
+def make_case(
+    device,
+    T,
+    hq,
+    hkv,
+    D,
+    dtype,
+    pool_size=None,
+    fused=False,
+    pos_dtype=torch.int64,
+    max_pos=1 << 20,
+    pool_row_pad=0,
+    seed=0,
+):
     g = torch.Generator().manual_seed(seed)
     if fused:  # slices of one [T, (hq + 2 hkv) * D] projection
         qkv = torch.randn(T, (hq + 2 * hkv) * D, generator=g).to(dtype).to(device)
@@ -54,16 +70,31 @@ def make_case(device, T, hq, hkv, D, dtype, pool_size=None, fused=False, pos_dty
     return q, k, v, positions, slots, k_pool, v_pool
 
 
-def check_case(q, k, v, positions, slots, k_pool, v_pool, *, rot=None, is_neox=True, base=10000.0, cache=None,
-               inplace=False):
+def check_case(
+    q, k, v, positions, slots, k_pool, v_pool, *, rot=None, is_neox=True, base=10000.0, cache=None, inplace=False
+):
     T, hq, D = q.shape
     hkv = k.shape[1]
     rot = rot or D
     pool_before = (k_pool.clone(), v_pool.clone())
     q_in, k_in = q.clone(), k.clone()
-    out = rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=D, num_qo_heads=hq,
-                          num_kv_heads=hkv, rope_base=base, rotary_dim=None if rot == D else rot, is_neox=is_neox,
-                          cos_sin_cache=cache, inplace=inplace)
+    out = rope_pool_fused(
+        q,
+        k,
+        v,
+        positions,
+        slots,
+        k_pool,
+        v_pool,
+        head_dim=D,
+        num_qo_heads=hq,
+        num_kv_heads=hkv,
+        rope_base=base,
+        rotary_dim=None if rot == D else rot,
+        is_neox=is_neox,
+        cos_sin_cache=cache,
+        inplace=inplace,
+    )
     q_rot, k_rot, kp, vp = out
     assert kp is k_pool and vp is v_pool
     if inplace:
@@ -88,9 +119,15 @@ def check_case(q, k, v, positions, slots, k_pool, v_pool, *, rot=None, is_neox=T
 
 
 def cpu_args(**over):
-    a = dict(q=torch.randn(4, 8, 64), k=torch.randn(4, 2, 64), v=torch.randn(4, 2, 64),
-             positions=torch.arange(4), slots=torch.arange(4), k_pool=torch.zeros(16, 2, 64),
-             v_pool=torch.zeros(16, 2, 64))
+    a = dict(
+        q=torch.randn(4, 8, 64),
+        k=torch.randn(4, 2, 64),
+        v=torch.randn(4, 2, 64),
+        positions=torch.arange(4),
+        slots=torch.arange(4),
+        k_pool=torch.zeros(16, 2, 64),
+        v_pool=torch.zeros(16, 2, 64),
+    )
     kw = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=10000.0)
     for key, val in over.items():
         (a if key in a else kw)[key] = val
@@ -117,8 +154,10 @@ def test_documented_messages_in_order():
     raises("positions/slots must have one entry per token", positions=torch.arange(5))
     raises("positions/slots must have one entry per token", slots=torch.arange(3))
     raises("k_pool has incompatible shape torch.Size([16, 2, 32])", k_pool=torch.zeros(16, 2, 32))
-    raises("v_pool shape must match k_pool shape, got torch.Size([8, 2, 64]) vs torch.Size([16, 2, 64])",
-           v_pool=torch.zeros(8, 2, 64))
+    raises(
+        "v_pool shape must match k_pool shape, got torch.Size([8, 2, 64]) vs torch.Size([16, 2, 64])",
+        v_pool=torch.zeros(8, 2, 64),
+    )
     raises("q/k/v dtypes must match", k=torch.randn(4, 2, 64).half())
     raises("q/k/v dtypes must match", v=torch.randn(4, 2, 64).double(), k_pool=torch.zeros(16, 2, 64).half())
     raises("pool dtypes must match q/k/v dtype", v_pool=torch.zeros(16, 2, 64).half())
@@ -132,9 +171,15 @@ def test_arguments_of_the_wrong_type_are_type_errors():
             with pytest.raises(TypeError) as e:
                 rope_pool_fused(*args.values(), **kw)
             assert str(e.value) == f"{name} must be a torch.Tensor, got {type(bad).__name__}"
-    for name, bad, kind in [("head_dim", "64", "an int"), ("num_qo_heads", 8.0, "an int"),
-                            ("num_kv_heads", None, "an int"), ("rotary_dim", 2.5, "an int"),
-                            ("rope_base", "1e4", "a number"), ("is_neox", 1, "a bool"), ("inplace", None, "a bool")]:
+    for name, bad, kind in [
+        ("head_dim", "64", "an int"),
+        ("num_qo_heads", 8.0, "an int"),
+        ("num_kv_heads", None, "an int"),
+        ("rotary_dim", 2.5, "an int"),
+        ("rope_base", "1e4", "a number"),
+        ("is_neox", 1, "a bool"),
+        ("inplace", None, "a bool"),
+    ]:
         with pytest.raises(TypeError) as e:
             rope_pool_fused(*a.values(), **dict(kw, **{name: bad}))
         assert str(e.value) == f"rope_pool_fused: {name} must be {kind}, got {type(bad).__name__}"
@@ -145,14 +190,19 @@ def test_arguments_of_the_wrong_type_are_type_errors():
 
 def test_huge_ints_get_the_shape_message():
     raises("q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])", num_qo_heads=2**64)
-    raises("q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])", head_dim=-2**70)
+    raises("q shape must be [num_tokens, num_qo_heads, head_dim], got torch.Size([4, 8, 64])", head_dim=-(2**70))
 
 
 def test_library_checks_reachable_on_cpu():
     raises("rope_pool_fused expects CUDA or MPS tensors")
     h = lambda *s: torch.randn(*s).half()  # noqa: E731
-    a = dict(q=h(4, 8, 64).double(), k=h(4, 2, 64).double(), v=h(4, 2, 64).double(),
-             k_pool=torch.zeros(16, 2, 64).double(), v_pool=torch.zeros(16, 2, 64).double())
+    a = dict(
+        q=h(4, 8, 64).double(),
+        k=h(4, 2, 64).double(),
+        v=h(4, 2, 64).double(),
+        k_pool=torch.zeros(16, 2, 64).double(),
+        v_pool=torch.zeros(16, 2, 64).double(),
+    )
     raises("rope_pool_fused expects CUDA or MPS tensors", **a)
 
 
@@ -160,10 +210,15 @@ def test_library_checks_reachable_on_cpu():
 @on_devices
 def test_library_checks(device):
     T = 4
-    base = dict(q=torch.randn(T, 8, 64, device=device), k=torch.randn(T, 2, 64, device=device),
-                v=torch.randn(T, 2, 64, device=device), positions=torch.arange(T, device=device),
-                slots=torch.arange(T, device=device), k_pool=torch.zeros(16, 2, 64, device=device),
-                v_pool=torch.zeros(16, 2, 64, device=device))
+    base = dict(
+        q=torch.randn(T, 8, 64, device=device),
+        k=torch.randn(T, 2, 64, device=device),
+        v=torch.randn(T, 2, 64, device=device),
+        positions=torch.arange(T, device=device),
+        slots=torch.arange(T, device=device),
+        k_pool=torch.zeros(16, 2, 64, device=device),
+        v_pool=torch.zeros(16, 2, 64, device=device),
+    )
 
     def bad(msg, **over):
         args = dict(base)
@@ -179,23 +234,35 @@ def test_library_checks(device):
     if device == "cuda":
         f64 = {n: t.double() for n, t in base.items() if t.is_floating_point()}
         bad("rope_pool_fused supports float16, bfloat16 and float32, got torch.float64", **f64)
-    odd = dict(q=torch.randn(T, 8, 63, device=device), k=torch.randn(T, 2, 63, device=device),
-               v=torch.randn(T, 2, 63, device=device), k_pool=torch.zeros(16, 2, 63, device=device),
-               v_pool=torch.zeros(16, 2, 63, device=device))
+    odd = dict(
+        q=torch.randn(T, 8, 63, device=device),
+        k=torch.randn(T, 2, 63, device=device),
+        v=torch.randn(T, 2, 63, device=device),
+        k_pool=torch.zeros(16, 2, 63, device=device),
+        v_pool=torch.zeros(16, 2, 63, device=device),
+    )
     bad("rope_pool_fused expects an even head_dim in [2, 512], got 63", head_dim=63, **odd)
     bad("rope_pool_fused expects an even rotary_dim in [2, head_dim], got 31", rotary_dim=31)
     bad("rope_pool_fused expects an even rotary_dim in [2, head_dim], got 66", rotary_dim=66)
     bad("rope_pool_fused expects an even rotary_dim in [2, head_dim], got 0", rotary_dim=0)
     bad("rope_pool_fused expects int32 or int64 positions/slots", positions=torch.arange(T, device=device).float())
     bad("rope_pool_fused expects int32 or int64 positions/slots", slots=torch.arange(T, device=device).short())
-    bad("rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim",
-        k=torch.randn(T, 2, 128, device=device)[..., ::2])
-    bad("rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim",
-        v_pool=torch.zeros(16, 2, 128, device=device)[..., ::2])
-    bad("cos_sin_cache must have shape [max_position, rotary_dim] = [*, 64], got torch.Size([8, 32])",
-        cos_sin_cache=torch.zeros(8, 32, device=device))
-    bad("cos_sin_cache must be float32 or bfloat16, got torch.float16",
-        cos_sin_cache=torch.zeros(8, 64, device=device, dtype=torch.float16))
+    bad(
+        "rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim",
+        k=torch.randn(T, 2, 128, device=device)[..., ::2],
+    )
+    bad(
+        "rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim",
+        v_pool=torch.zeros(16, 2, 128, device=device)[..., ::2],
+    )
+    bad(
+        "cos_sin_cache must have shape [max_position, rotary_dim] = [*, 64], got torch.Size([8, 32])",
+        cos_sin_cache=torch.zeros(8, 32, device=device),
+    )
+    bad(
+        "cos_sin_cache must be float32 or bfloat16, got torch.float16",
+        cos_sin_cache=torch.zeros(8, 64, device=device, dtype=torch.float16),
+    )
     bad("rope_base must be a positive number", rope_base=0.0)
     bad("rope_base must be a positive number", rope_base=float("nan"))
     bad("rope_pool_fused expects an even rotary_dim in [2, head_dim], got -2", rotary_dim=-2)
@@ -203,15 +270,21 @@ def test_library_checks(device):
 
 POOLS_OVERLAP = "k_pool and v_pool must not overlap each other or themselves"
 POOLS_VS_INPUTS = "k_pool and v_pool must not overlap q, k, v, positions, slots, cos_sin_cache or the scales"
-INPLACE_OVERLAP = ("with inplace=True, q and k must not overlap each other, themselves, v, positions, slots, "
-                   "cos_sin_cache or the scales")
+INPLACE_OVERLAP = (
+    "with inplace=True, q and k must not overlap each other, themselves, v, positions, slots, "
+    "cos_sin_cache or the scales"
+)
 
 
 @requires_gpu
 @on_devices
 def test_overlapping_writes_are_refused_and_nothing_is_written(device):
     T = 5
-    q, k, v = torch.randn(T, 8, 64, device=device), torch.randn(T, 2, 64, device=device), torch.randn(T, 2, 64, device=device)
+    q, k, v = (
+        torch.randn(T, 8, 64, device=device),
+        torch.randn(T, 2, 64, device=device),
+        torch.randn(T, 2, 64, device=device),
+    )
     positions, slots = torch.arange(T, device=device), torch.arange(T, device=device)
     buf = torch.randn(16, 2, 2, 64, device=device)  # one combined [slots, 2, heads, D] cache
     k_pool, v_pool = buf[:, 0], buf[:, 1]
@@ -248,8 +321,15 @@ def test_head_counts_past_the_kernel_limit_are_refused(device):
     T = 3
     q = torch.randn(1, 1, 64, device=device).expand(T, 2**31, 64)  # stride 0: no memory
     k = torch.randn(T, 1, 64, device=device)
-    a = (q, k, k.clone(), torch.arange(T, device=device), torch.arange(T, device=device),
-         torch.zeros(4, 1, 64, device=device), torch.zeros(4, 1, 64, device=device))
+    a = (
+        q,
+        k,
+        k.clone(),
+        torch.arange(T, device=device),
+        torch.arange(T, device=device),
+        torch.zeros(4, 1, 64, device=device),
+        torch.zeros(4, 1, 64, device=device),
+    )
     with pytest.raises(ValueError) as e:
         rope_pool_fused(*a, head_dim=64, num_qo_heads=2**31, num_kv_heads=1, rope_base=1e4)
     assert str(e.value) == "rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got 2147483649"
@@ -285,12 +365,16 @@ def test_partial_rotary(device, rot, is_neox, dtype, T):
 
 @requires_gpu
 @on_devices
-@pytest.mark.parametrize("head_dim, rot, dtype", [
-    (72, 72, torch.bfloat16),  # GPT-J: 9 groups of 8 (odd); NeoX: half 36, one element at a time (72, paired)
-    (72, 64, torch.bfloat16),  # 9 groups of 8 either way (NeoX: 4 rotated pairs of groups + 1 passed through)
-    (68, 68, torch.float32),   # GPT-J: 17 groups of 4; NeoX: half 34, one element at a time
-    (80, 48, torch.float16),   # 10 groups of 8 (even): v items pair groups j and j + 5
-], ids=str)
+@pytest.mark.parametrize(
+    "head_dim, rot, dtype",
+    [
+        (72, 72, torch.bfloat16),  # GPT-J: 9 groups of 8 (odd); NeoX: half 36, one element at a time (72, paired)
+        (72, 64, torch.bfloat16),  # 9 groups of 8 either way (NeoX: 4 rotated pairs of groups + 1 passed through)
+        (68, 68, torch.float32),  # GPT-J: 17 groups of 4; NeoX: half 34, one element at a time
+        (80, 48, torch.float16),  # 10 groups of 8 (even): v items pair groups j and j + 5
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize("T", [17, 1100])
 def test_v_heads_with_odd_and_even_group_counts(device, head_dim, rot, dtype, is_neox, T):
@@ -323,11 +407,22 @@ def test_cos_sin_within_half_an_ulp():
     q, k, v = q.cuda(), q.cuda(), torch.zeros(T, 1, D, device="cuda")
     slots = torch.full((T,), -1, dtype=torch.int64, device="cuda")
     pool = torch.zeros(1, 1, D, device="cuda")
-    q_rot, _, _, _ = rope_pool_fused(q, k, v, positions.cuda(), slots, pool, pool.clone(), head_dim=D,
-                                     num_qo_heads=1, num_kv_heads=1, rope_base=10000.0)
+    q_rot, _, _, _ = rope_pool_fused(
+        q,
+        k,
+        v,
+        positions.cuda(),
+        slots,
+        pool,
+        pool.clone(),
+        head_dim=D,
+        num_qo_heads=1,
+        num_kv_heads=1,
+        rope_base=10000.0,
+    )
     cos, sin = cos_sin(positions, D, 10000.0)
-    for got, want in ((q_rot[:, 0, : D // 2], cos), (q_rot[:, 0, D // 2:], sin)):
-        ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp(min=2.0 ** -126))) - 23)
+    for got, want in ((q_rot[:, 0, : D // 2], cos), (q_rot[:, 0, D // 2 :], sin)):
+        ulp = torch.exp2(torch.floor(torch.log2(want.abs().clamp(min=2.0**-126))) - 23)
         assert ((got.cpu().double() - want).abs() / ulp).max().item() <= 0.501
 
 
@@ -398,8 +493,9 @@ def test_repeated_slots_leave_other_rows_exact(device):
     slots[40] = slots[3]
     shared = int(slots[3])
     before = (k_pool.clone(), v_pool.clone())
-    k_rot = rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=128, num_qo_heads=8,
-                            num_kv_heads=4, rope_base=10000.0)[1]
+    k_rot = rope_pool_fused(
+        q, k, v, positions, slots, k_pool, v_pool, head_dim=128, num_qo_heads=8, num_kv_heads=4, rope_base=10000.0
+    )[1]
     for pool, was, src in ((k_pool, before[0], k_rot), (v_pool, before[1], v)):
         want = was.clone()
         want[slots.long()] = src  # the shared row: token 40's, checked apart below
@@ -504,7 +600,7 @@ def test_cos_sin_cache_at_any_alignment(cache_dtype, offset, T):
     rot, max_pos = 128, 4096
     table = llama3_cos_sin_cache(rot, max_pos).to(cache_dtype).cuda()
     buf = torch.full((max_pos + 1, rot + offset), float("nan"), dtype=cache_dtype, device="cuda")
-    cache = buf.view(-1)[offset: offset + max_pos * (rot + offset)].view(max_pos, rot + offset)[:, :rot]
+    cache = buf.view(-1)[offset : offset + max_pos * (rot + offset)].view(max_pos, rot + offset)[:, :rot]
     cache.copy_(table)
     case = make_case("cuda", T, 32, 8, 128, torch.bfloat16, max_pos=max_pos, seed=T + offset)
     case[4][::7] = -1  # some tokens skip the pool
@@ -559,8 +655,10 @@ def test_positions_outside_the_cache_on_the_cache_row_path(device, dtype, cache_
     kw = dict(head_dim=D, num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e4, cos_sin_cache=cache)
     if norm:
         g = torch.Generator().manual_seed(1)
-        kw.update(q_norm_weight=torch.randn(D, generator=g).to(dtype).to(device),
-                  k_norm_weight=torch.randn(D, generator=g).to(dtype).to(device))
+        kw.update(
+            q_norm_weight=torch.randn(D, generator=g).to(dtype).to(device),
+            k_norm_weight=torch.randn(D, generator=g).to(dtype).to(device),
+        )
     pools_before = (k_pool.clone(), v_pool.clone())
     valid = rope_pool_fused(q, k, v, positions, slots, k_pool.clone(), v_pool.clone(), **kw)
     got = rope_pool_fused(q, k, v, torch.where(bad, outside, positions), slots, k_pool, v_pool, **kw)
@@ -590,8 +688,9 @@ def test_inplace(device, is_neox, T):
 def test_empty(device):
     q, k, v, positions, slots, k_pool, v_pool = make_case(device, 0, 8, 2, 64, torch.float16, pool_size=4)
     before = k_pool.clone()
-    q_rot, k_rot, _, _ = rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, head_dim=64, num_qo_heads=8,
-                                         num_kv_heads=2, rope_base=1e4)
+    q_rot, k_rot, _, _ = rope_pool_fused(
+        q, k, v, positions, slots, k_pool, v_pool, head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4
+    )
     assert q_rot.shape == (0, 8, 64) and k_rot.shape == (0, 2, 64) and same_bits(k_pool, before)
 
 
@@ -683,9 +782,53 @@ def test_torch_compile(inplace):
 def test_opcheck():
     q, k, v, positions, slots, k_pool, v_pool = make_case("cuda", 9, 8, 2, 64, torch.float16)
     for rotary_dim, check_slots in [(None, False), (32, True)]:
-        args = (q, k, v, positions, slots, k_pool, v_pool, 64, 8, 2, 1e4, rotary_dim, True, None, None, None, "NHD",
-                None, None, 1e-6, 0.0, check_slots)
+        args = (
+            q,
+            k,
+            v,
+            positions,
+            slots,
+            k_pool,
+            v_pool,
+            64,
+            8,
+            2,
+            1e4,
+            rotary_dim,
+            True,
+            None,
+            None,
+            None,
+            "NHD",
+            None,
+            None,
+            1e-6,
+            0.0,
+            check_slots,
+        )
         torch.library.opcheck(torch.ops.attnprep.rope_pool_fused.default, args)
-    args = (q.clone(), k.clone(), v, positions, slots, k_pool, v_pool, 64, 8, 2, 1e4, None, True, None, None, None,
-            "NHD", None, None, 1e-6, 0.0, False)
+    args = (
+        q.clone(),
+        k.clone(),
+        v,
+        positions,
+        slots,
+        k_pool,
+        v_pool,
+        64,
+        8,
+        2,
+        1e4,
+        None,
+        True,
+        None,
+        None,
+        None,
+        "NHD",
+        None,
+        None,
+        1e-6,
+        0.0,
+        False,
+    )
     torch.library.opcheck(torch.ops.attnprep.rope_pool_fused_inplace.default, args)

@@ -5,10 +5,9 @@ from it (make_rope_fixtures.py) everywhere; then the table in the kernel."""
 import math
 import os
 
+import attnprep
 import pytest
 import torch
-
-import attnprep
 from rope_schemes import HEAD_DIM, MAX_POSITION, POSITIONS, SCHEMES
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "rope_tables.pt")
@@ -55,18 +54,31 @@ def test_partial_rotary():
     assert torch.equal(t, same)
 
 
-@pytest.mark.parametrize("kwargs, msg", [
-    (dict(scaling={"rope_type": "ntk-by-parts"}), "rope_cos_sin_cache: unknown rope scaling type ntk-by-parts"),
-    (dict(scaling={"type": "linear"}), "rope_cos_sin_cache: linear scaling needs factor"),
-    (dict(scaling={"rope_type": "dynamic", "factor": 2.0}),
-     "rope_cos_sin_cache: dynamic scaling needs max_position_embeddings"),
-    (dict(scaling={"rope_type": "llama3", "factor": 8.0}), "rope_cos_sin_cache: llama3 scaling needs low_freq_factor"),
-    (dict(scaling={"rope_type": "yarn", "factor": 4.0}),
-     "rope_cos_sin_cache: yarn scaling needs original_max_position_embeddings"),
-    (dict(rotary_dim=3), "rope_cos_sin_cache: rotary_dim must be even and in [2, head_dim], got 3"),
-    (dict(rotary_dim=256), "rope_cos_sin_cache: rotary_dim must be even and in [2, head_dim], got 256"),
-    (dict(dtype=torch.float16), "rope_cos_sin_cache: dtype must be torch.float32 or torch.bfloat16, got torch.float16"),
-])
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        (dict(scaling={"rope_type": "ntk-by-parts"}), "rope_cos_sin_cache: unknown rope scaling type ntk-by-parts"),
+        (dict(scaling={"type": "linear"}), "rope_cos_sin_cache: linear scaling needs factor"),
+        (
+            dict(scaling={"rope_type": "dynamic", "factor": 2.0}),
+            "rope_cos_sin_cache: dynamic scaling needs max_position_embeddings",
+        ),
+        (
+            dict(scaling={"rope_type": "llama3", "factor": 8.0}),
+            "rope_cos_sin_cache: llama3 scaling needs low_freq_factor",
+        ),
+        (
+            dict(scaling={"rope_type": "yarn", "factor": 4.0}),
+            "rope_cos_sin_cache: yarn scaling needs original_max_position_embeddings",
+        ),
+        (dict(rotary_dim=3), "rope_cos_sin_cache: rotary_dim must be even and in [2, head_dim], got 3"),
+        (dict(rotary_dim=256), "rope_cos_sin_cache: rotary_dim must be even and in [2, head_dim], got 256"),
+        (
+            dict(dtype=torch.float16),
+            "rope_cos_sin_cache: dtype must be torch.float32 or torch.bfloat16, got torch.float16",
+        ),
+    ],
+)
 def test_errors(kwargs, msg):
     with pytest.raises(ValueError) as e:
         attnprep.rope_cos_sin_cache(128, 16, 10000.0, **kwargs)
@@ -74,10 +86,20 @@ def test_errors(kwargs, msg):
 
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
-LONGROPE = {"rope_type": "longrope", "original_max_position_embeddings": 4096, "long_factor": [1.5] * 64,
-            "short_factor": [1.0] * 64, "factor": 8.0}
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 8192}
+LONGROPE = {
+    "rope_type": "longrope",
+    "original_max_position_embeddings": 4096,
+    "long_factor": [1.5] * 64,
+    "short_factor": [1.0] * 64,
+    "factor": 8.0,
+}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 def positive(name, value):
@@ -86,39 +108,72 @@ def positive(name, value):
 
 # Values for which the model's own formulas divide by zero, take the log of
 # a non-positive number or return NaN: each its own message, no table.
-@pytest.mark.parametrize("base, kwargs, msg", [
-    (0.0, {}, positive("base", 0.0)),
-    (-10000.0, {}, positive("base", -10000.0)),
-    (float("nan"), {}, positive("base", float("nan"))),
-    (float("inf"), {}, positive("base", float("inf"))),
-    (True, {}, positive("base", True)),
-    ("10000", {}, positive("base", "10000")),
-    (10000.0, dict(scaling="linear"), "rope_cos_sin_cache: scaling must be a dict or None, got str"),
-    (10000.0, dict(scaling={"rope_type": "linear", "factor": 0}), positive("linear scaling's factor", 0)),
-    (10000.0, dict(scaling={"rope_type": "linear", "factor": -4.0}), positive("linear scaling's factor", -4.0)),
-    (10000.0, dict(scaling={"rope_type": "linear", "factor": "4"}), positive("linear scaling's factor", "4")),
-    (10000.0, dict(scaling={"partial_rotary_factor": 0.0}), positive("default scaling's partial_rotary_factor", 0.0)),
-    (10**400, {}, positive("base", 10**400)),  # an int past float's range
-    (10000.0, dict(scaling={"rope_type": "linear", "factor": -10**400}), positive("linear scaling's factor", -10**400)),
-    (10000.0, dict(scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=0),
-     positive("max_position_embeddings", 0)),
-    (10000.0, dict(scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=4096, rotary_dim=2),
-     "rope_cos_sin_cache: dynamic scaling needs rotary_dim >= 4, got 2"),
-    (10000.0, dict(scaling={**YARN, "original_max_position_embeddings": 0}),
-     positive("yarn scaling's original_max_position_embeddings", 0)),
-    (10000.0, dict(scaling={**YARN, "factor": float("inf")}), positive("yarn scaling's factor", float("inf"))),
-    (10000.0, dict(scaling={**YARN, "attention_factor": 0.0}), positive("yarn scaling's attention_factor", 0.0)),
-    (10000.0, dict(scaling={**YARN, "mscale": -1.0, "mscale_all_dim": 1.0}), positive("yarn scaling's mscale", -1.0)),
-    (10000.0, dict(scaling={**YARN, "beta_slow": -1}), positive("yarn scaling's beta_slow", -1)),
-    (1.0, dict(scaling=YARN), "rope_cos_sin_cache: yarn scaling needs base > 1, got 1.0"),
-    (10000.0, dict(scaling={**LLAMA3, "high_freq_factor": 0}), positive("llama3 scaling's high_freq_factor", 0)),
-    (10000.0, dict(scaling={**LONGROPE, "long_factor": [1.5] * 63}),
-     "rope_cos_sin_cache: longrope scaling's long_factor must hold rotary_dim / 2 = 64 positive finite numbers"),
-    (10000.0, dict(scaling={**LONGROPE, "short_factor": [1.0] * 63 + [0.0]}),
-     "rope_cos_sin_cache: longrope scaling's short_factor must hold rotary_dim / 2 = 64 positive finite numbers"),
-    (10000.0, dict(scaling={**LONGROPE, "original_max_position_embeddings": 1}),
-     "rope_cos_sin_cache: longrope scaling needs original_max_position_embeddings > 1, got 1"),
-])
+@pytest.mark.parametrize(
+    "base, kwargs, msg",
+    [
+        (0.0, {}, positive("base", 0.0)),
+        (-10000.0, {}, positive("base", -10000.0)),
+        (float("nan"), {}, positive("base", float("nan"))),
+        (float("inf"), {}, positive("base", float("inf"))),
+        (True, {}, positive("base", True)),
+        ("10000", {}, positive("base", "10000")),
+        (10000.0, dict(scaling="linear"), "rope_cos_sin_cache: scaling must be a dict or None, got str"),
+        (10000.0, dict(scaling={"rope_type": "linear", "factor": 0}), positive("linear scaling's factor", 0)),
+        (10000.0, dict(scaling={"rope_type": "linear", "factor": -4.0}), positive("linear scaling's factor", -4.0)),
+        (10000.0, dict(scaling={"rope_type": "linear", "factor": "4"}), positive("linear scaling's factor", "4")),
+        (
+            10000.0,
+            dict(scaling={"partial_rotary_factor": 0.0}),
+            positive("default scaling's partial_rotary_factor", 0.0),
+        ),
+        (10**400, {}, positive("base", 10**400)),  # an int past float's range
+        (
+            10000.0,
+            dict(scaling={"rope_type": "linear", "factor": -(10**400)}),
+            positive("linear scaling's factor", -(10**400)),
+        ),
+        (
+            10000.0,
+            dict(scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=0),
+            positive("max_position_embeddings", 0),
+        ),
+        (
+            10000.0,
+            dict(scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=4096, rotary_dim=2),
+            "rope_cos_sin_cache: dynamic scaling needs rotary_dim >= 4, got 2",
+        ),
+        (
+            10000.0,
+            dict(scaling={**YARN, "original_max_position_embeddings": 0}),
+            positive("yarn scaling's original_max_position_embeddings", 0),
+        ),
+        (10000.0, dict(scaling={**YARN, "factor": float("inf")}), positive("yarn scaling's factor", float("inf"))),
+        (10000.0, dict(scaling={**YARN, "attention_factor": 0.0}), positive("yarn scaling's attention_factor", 0.0)),
+        (
+            10000.0,
+            dict(scaling={**YARN, "mscale": -1.0, "mscale_all_dim": 1.0}),
+            positive("yarn scaling's mscale", -1.0),
+        ),
+        (10000.0, dict(scaling={**YARN, "beta_slow": -1}), positive("yarn scaling's beta_slow", -1)),
+        (1.0, dict(scaling=YARN), "rope_cos_sin_cache: yarn scaling needs base > 1, got 1.0"),
+        (10000.0, dict(scaling={**LLAMA3, "high_freq_factor": 0}), positive("llama3 scaling's high_freq_factor", 0)),
+        (
+            10000.0,
+            dict(scaling={**LONGROPE, "long_factor": [1.5] * 63}),
+            "rope_cos_sin_cache: longrope scaling's long_factor must hold rotary_dim / 2 = 64 positive finite numbers",
+        ),
+        (
+            10000.0,
+            dict(scaling={**LONGROPE, "short_factor": [1.0] * 63 + [0.0]}),
+            "rope_cos_sin_cache: longrope scaling's short_factor must hold rotary_dim / 2 = 64 positive finite numbers",
+        ),
+        (
+            10000.0,
+            dict(scaling={**LONGROPE, "original_max_position_embeddings": 1}),
+            "rope_cos_sin_cache: longrope scaling needs original_max_position_embeddings > 1, got 1",
+        ),
+    ],
+)
 def test_values_the_formulas_cannot_take(base, kwargs, msg):
     with pytest.raises(ValueError) as e:
         attnprep.rope_cos_sin_cache(128, 16, base, **kwargs)
@@ -126,16 +181,21 @@ def test_values_the_formulas_cannot_take(base, kwargs, msg):
 
 
 def not_finite(inv, attention=1.0):
-    return (f"rope_cos_sin_cache: the table would not be finite in float32 (position 15 * inv_freq {inv!r}, "
-            f"attention factor {attention!r})")
+    return (
+        f"rope_cos_sin_cache: the table would not be finite in float32 (position 15 * inv_freq {inv!r}, "
+        f"attention factor {attention!r})"
+    )
 
 
 # Values each in range whose table still overflows float32 (the model's own code returns inf or NaN there).
-@pytest.mark.parametrize("base, kwargs, msg", [
-    (1e-300, {}, not_finite(math.inf)),
-    (10000.0, dict(scaling={"rope_type": "linear", "factor": 1e-300}), not_finite(math.inf)),
-    (10000.0, dict(scaling={**YARN, "mscale": 1e308, "mscale_all_dim": 1.0}), None),
-])
+@pytest.mark.parametrize(
+    "base, kwargs, msg",
+    [
+        (1e-300, {}, not_finite(math.inf)),
+        (10000.0, dict(scaling={"rope_type": "linear", "factor": 1e-300}), not_finite(math.inf)),
+        (10000.0, dict(scaling={**YARN, "mscale": 1e308, "mscale_all_dim": 1.0}), None),
+    ],
+)
 def test_tables_past_float32_are_refused(base, kwargs, msg):
     with pytest.raises(ValueError) as e:
         attnprep.rope_cos_sin_cache(128, 16, base, **kwargs)
@@ -148,20 +208,29 @@ def test_tables_past_float32_are_refused(base, kwargs, msg):
 
 
 def too_large(max_position, rotary_dim, dtype=torch.float32):
-    return (f"rope_cos_sin_cache: the table would exceed 2^63 - 1 bytes ([max_position, rotary_dim] = "
-            f"[{max_position}, {rotary_dim}] of {dtype})")
+    return (
+        f"rope_cos_sin_cache: the table would exceed 2^63 - 1 bytes ([max_position, rotary_dim] = "
+        f"[{max_position}, {rotary_dim}] of {dtype})"
+    )
 
 
-@pytest.mark.parametrize("head_dim, max_position, kwargs, msg", [
-    (128, 2**56, {}, too_large(2**56, 128)),  # 2^65 bytes
-    (128, 2**70, dict(dtype=torch.bfloat16), too_large(2**70, 128, torch.bfloat16)),
-    (2**70, 1, {}, too_large(1, 2**70)),
-    (2**70, 1, dict(rotary_dim=2**62), too_large(1, 2**62)),
-    (2**70 + 3, 1, dict(scaling={"partial_rotary_factor": 0.5}), too_large(1, 2**69)),
-    (2**70, 1, dict(rotary_dim=2**70 + 1), "rope_cos_sin_cache: rotary_dim must be even and in [2, head_dim], "
-     f"got {2**70 + 1}"),  # the rotary_dim check comes first
-    (2**70, 0, {}, "rope_cos_sin_cache: max_position must be positive, got 0"),
-])
+@pytest.mark.parametrize(
+    "head_dim, max_position, kwargs, msg",
+    [
+        (128, 2**56, {}, too_large(2**56, 128)),  # 2^65 bytes
+        (128, 2**70, dict(dtype=torch.bfloat16), too_large(2**70, 128, torch.bfloat16)),
+        (2**70, 1, {}, too_large(1, 2**70)),
+        (2**70, 1, dict(rotary_dim=2**62), too_large(1, 2**62)),
+        (2**70 + 3, 1, dict(scaling={"partial_rotary_factor": 0.5}), too_large(1, 2**69)),
+        (
+            2**70,
+            1,
+            dict(rotary_dim=2**70 + 1),
+            f"rope_cos_sin_cache: rotary_dim must be even and in [2, head_dim], got {2**70 + 1}",
+        ),  # the rotary_dim check comes first
+        (2**70, 0, {}, "rope_cos_sin_cache: max_position must be positive, got 0"),
+    ],
+)
 def test_tables_past_int64_bytes_are_refused(head_dim, max_position, kwargs, msg):
     """A table no tensor could hold gets its own message (before: an OverflowError or torch's
     storage-size error from inside the build)."""
@@ -170,13 +239,16 @@ def test_tables_past_int64_bytes_are_refused(head_dim, max_position, kwargs, msg
     assert str(e.value) == msg
 
 
-@pytest.mark.parametrize("kwargs, name, kind", [
-    (dict(head_dim=128.0), "head_dim", "float"),
-    (dict(max_position=16.5), "max_position", "float"),
-    (dict(max_position=True), "max_position", "bool"),
-    (dict(rotary_dim="64"), "rotary_dim", "str"),
-    (dict(seq_len=2.0), "seq_len", "float"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name, kind",
+    [
+        (dict(head_dim=128.0), "head_dim", "float"),
+        (dict(max_position=16.5), "max_position", "float"),
+        (dict(max_position=True), "max_position", "bool"),
+        (dict(rotary_dim="64"), "rotary_dim", "str"),
+        (dict(seq_len=2.0), "seq_len", "float"),
+    ],
+)
 def test_int_arguments_of_another_type(kwargs, name, kind):
     args = dict(head_dim=128, max_position=16, base=10000.0)
     args.update(kwargs)
@@ -190,8 +262,10 @@ def test_zero_means_the_default_where_the_model_reads_it_so():
     default (the model's code reads them with ``or``), not an error."""
     zero = {**YARN, "beta_fast": 0, "beta_slow": 0, "mscale": 0, "mscale_all_dim": 0}
     default = {**YARN, "beta_fast": 32, "beta_slow": 1}
-    assert torch.equal(attnprep.rope_cos_sin_cache(128, 64, 10000.0, scaling=zero),
-                       attnprep.rope_cos_sin_cache(128, 64, 10000.0, scaling=default))
+    assert torch.equal(
+        attnprep.rope_cos_sin_cache(128, 64, 10000.0, scaling=zero),
+        attnprep.rope_cos_sin_cache(128, 64, 10000.0, scaling=default),
+    )
     with pytest.raises(ValueError) as e:
         attnprep.rope_cos_sin_cache(128, 0, 10000.0)
     assert str(e.value) == "rope_cos_sin_cache: max_position must be positive, got 0"
@@ -208,9 +282,19 @@ def test_the_kernel_applies_the_table(name):
     k = torch.randn(T, 2, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     positions = torch.randint(0, MAX_POSITION, (T,), device="cuda")
     pools = [torch.zeros(T, 2, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-    q_rot, k_rot, _, _ = attnprep.rope_pool_fused(q, k, k.clone(), positions, torch.arange(T, device="cuda"), *pools,
-                                                  head_dim=HEAD_DIM, num_qo_heads=8, num_kv_heads=2, rope_base=1.0,
-                                                  cos_sin_cache=cache)
+    q_rot, k_rot, _, _ = attnprep.rope_pool_fused(
+        q,
+        k,
+        k.clone(),
+        positions,
+        torch.arange(T, device="cuda"),
+        *pools,
+        head_dim=HEAD_DIM,
+        num_qo_heads=8,
+        num_kv_heads=2,
+        rope_base=1.0,
+        cos_sin_cache=cache,
+    )
     cos, sin = cos_sin(positions, HEAD_DIM, cos_sin_cache=cache)
     assert rope_error_ratio(q_rot, rope_reference(q, cos, sin, HEAD_DIM, True), q, HEAD_DIM, True) <= 1
     assert rope_error_ratio(k_rot, rope_reference(k, cos, sin, HEAD_DIM, True), k, HEAD_DIM, True) <= 1

@@ -3,18 +3,12 @@ NCCL with one process per GPU (2, 4 and 8 where the machine has them) and
 NCCL with a world of one on the GPU. The layer must equal single-process
 attention over the whole sequence, for MHA and GQA."""
 
-
 import pytest
 import torch
 import torch.distributed as dist
-
 from attnprep import ulysses
 from attnprep.testing import attention_reference, pack_gqa_reference
 from conftest import assert_ranks_ok, free_port, nccl_ranks_ok, requires_cuda, run_rank, same_bits, spawn_ranks
-
-
-
-
 
 # (heads, kv_heads) per world size: MHA, kv heads split across ranks, kv heads replicated
 CASES = {
@@ -44,8 +38,10 @@ def _worker(rank, world, device, dtypes):
         for heads, kv in CASES[world]:
             for causal in (False, True):
                 g = torch.Generator().manual_seed(heads * 100 + kv)
-                q, k, v = (torch.randn(world * rows, n, dim, generator=g, dtype=torch.float64).to(dtype)
-                           for n in (heads, kv, kv))
+                q, k, v = (
+                    torch.randn(world * rows, n, dim, generator=g, dtype=torch.float64).to(dtype)
+                    for n in (heads, kv, kv)
+                )
                 mine = slice(rank * rows, (rank + 1) * rows)
                 got = ulysses.UlyssesAttention(causal=causal)(*(t[mine].to(device) for t in (q, k, v)))
                 want = attention_reference(q.double(), k.double(), v.double(), causal)[mine]
@@ -149,8 +145,8 @@ def _field_values(case, world):
 
 def test_every_dtype_has_its_own_agreement_code():
     dtypes = {d for d in vars(torch).values() if isinstance(d, torch.dtype)}
-    assert len(ulysses._DTYPE_CODES) == len(dtypes)
-    assert all(ulysses._DTYPE_CODES[ulysses._dtype_code(d)] is d for d in dtypes)
+    assert len(ulysses.agreement._DTYPE_CODES) == len(dtypes)
+    assert all(ulysses.agreement._DTYPE_CODES[ulysses.agreement._dtype_code(d)] is d for d in dtypes)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -171,8 +167,15 @@ def _bad_gather_worker(rank, world, device, case):
     rows, heads, dim = 3, 2, 8
     out = torch.randn(world * rows, heads, dim, dtype=torch.float64)
     if rank == world - 1:
-        out = {"not a tensor": None, "not 3-D": out[0], "rows": out[1:], "heads": out.repeat(1, 2, 1),
-               "head_dim": out[..., :4], "dtype": out.float(), "wire": out}[case]
+        out = {
+            "not a tensor": None,
+            "not 3-D": out[0],
+            "rows": out[1:],
+            "heads": out.repeat(1, 2, 1),
+            "head_dim": out[..., :4],
+            "dtype": out.float(),
+            "wire": out,
+        }[case]
     wire = torch.float8_e4m3fn if case == "wire" and rank == world - 1 else None
     try:
         ulysses.gather_heads(out, wire_dtype=wire)
@@ -187,14 +190,30 @@ def _bad_gather(case, world):
         "not a tensor": ("TypeError", f"ulysses: rank {last}: out must be a torch.Tensor, got NoneType"),
         "not 3-D": ("ValueError", f"ulysses: rank {last}: " + ulysses.GATHER_SHAPE),
         "rows": ("ValueError", f"ulysses: rank {last}: " + ulysses.GATHER_SHAPE),
-        "heads": ("ValueError", "ulysses: every rank must pass the same local heads, got ["
-                  + ", ".join("4" if r == last else "2" for r in range(world)) + "]"),
-        "head_dim": ("ValueError", "ulysses: every rank must pass the same head_dim, got ["
-                     + ", ".join("4" if r == last else "8" for r in range(world)) + "]"),
-        "dtype": ("ValueError", "ulysses: every rank must pass the same dtype, got ["
-                  + ", ".join("torch.float32" if r == last else "torch.float64" for r in range(world)) + "]"),
-        "wire": ("ValueError", "ulysses: every rank must pass the same wire_dtype, got ["
-                 + ", ".join("torch.float8_e4m3fn" if r == last else "None" for r in range(world)) + "]"),
+        "heads": (
+            "ValueError",
+            "ulysses: every rank must pass the same local heads, got ["
+            + ", ".join("4" if r == last else "2" for r in range(world))
+            + "]",
+        ),
+        "head_dim": (
+            "ValueError",
+            "ulysses: every rank must pass the same head_dim, got ["
+            + ", ".join("4" if r == last else "8" for r in range(world))
+            + "]",
+        ),
+        "dtype": (
+            "ValueError",
+            "ulysses: every rank must pass the same dtype, got ["
+            + ", ".join("torch.float32" if r == last else "torch.float64" for r in range(world))
+            + "]",
+        ),
+        "wire": (
+            "ValueError",
+            "ulysses: every rank must pass the same wire_dtype, got ["
+            + ", ".join("torch.float8_e4m3fn" if r == last else "None" for r in range(world))
+            + "]",
+        ),
     }[case]
 
 
@@ -208,10 +227,12 @@ def test_gather_heads_with_a_bad_out_on_one_rank(world, case):
 
 def test_group_of_another_type():
     q = torch.randn(4, 2, 8)
-    for call in (lambda: ulysses.ulysses_attention(q, q, q, group="world"),
-                 lambda: ulysses.scatter_heads(q, q, q, group="world"),
-                 lambda: ulysses.gather_heads(q, group="world"),
-                 lambda: ulysses.UlyssesAttention(group="world")(q, q, q)):
+    for call in (
+        lambda: ulysses.ulysses_attention(q, q, q, group="world"),
+        lambda: ulysses.scatter_heads(q, q, q, group="world"),
+        lambda: ulysses.gather_heads(q, group="world"),
+        lambda: ulysses.UlyssesAttention(group="world")(q, q, q),
+    ):
         with pytest.raises(TypeError) as e:
             call()
         assert str(e.value) == "ulysses: group must be a torch.distributed ProcessGroup or None, got str"
@@ -219,25 +240,31 @@ def test_group_of_another_type():
 
 def test_gather_heads_local_checks_without_validation():
     with pytest.raises(ValueError) as e:
-        ulysses._gather_local(torch.randn(5, 2, 8), 2, None)
+        ulysses.agreement._gather_local(torch.randn(5, 2, 8), 2, None)
     assert str(e.value) == ulysses.GATHER_SHAPE
     with pytest.raises(TypeError) as e:
-        ulysses._gather_local([1], 2, None)
+        ulysses.agreement._gather_local([1], 2, None)
     assert str(e.value) == "out must be a torch.Tensor, got list"
-    assert ulysses._gather_local(torch.randn(6, 2, 8), 2, None) == [3, 2, 8, ulysses._dtype_code(torch.float32), 0]
+    assert ulysses.agreement._gather_local(torch.randn(6, 2, 8), 2, None) == [
+        3,
+        2,
+        8,
+        ulysses.agreement._dtype_code(torch.float32),
+        0,
+    ]
 
 
 def test_geometry_errors():
     q = torch.randn(4, 6, 8)
-    for k, msg in [(torch.randn(4, 4, 8), "ulysses: kv_heads must divide the q heads, and divide or be a multiple "
-                                           "of world_size"),
-                   (torch.randn(4, 3, 4), "ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, "
-                                          "head_dim]")]:
+    for k, msg in [
+        (torch.randn(4, 4, 8), "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size"),
+        (torch.randn(4, 3, 4), "ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, head_dim]"),
+    ]:
         with pytest.raises(ValueError) as e:
-            ulysses._check_geometry(q, k, k, 2)
+            ulysses.agreement._check_geometry(q, k, k, 2)
         assert str(e.value) == msg
     with pytest.raises(ValueError) as e:
-        ulysses._check_geometry(q, q, q, 4)
+        ulysses.agreement._check_geometry(q, q, q, 4)
     assert str(e.value) == "ulysses: world_size must divide the number of q heads"
 
 
@@ -245,17 +272,19 @@ def test_the_layers_attention_arguments_are_local_checks():
     """attn_fn and causal are checked with the other local checks, after them (validate=False raises
     them on the rank itself), and causal is part of what the ranks agree on."""
     q = torch.randn(4, 2, 8)
-    for kwargs, msg in [(dict(attn_fn="sdpa"), "ulysses: attn_fn must be callable or None, got str"),
-                        (dict(causal=None), "ulysses: causal must be a bool, got NoneType"),
-                        (dict(causal=1, attn_fn=ulysses.sdpa()), "ulysses: causal must be a bool, got int"),
-                        (dict(attn_fn=0, causal=0), "ulysses: attn_fn must be callable or None, got int")]:
+    for kwargs, msg in [
+        (dict(attn_fn="sdpa"), "ulysses: attn_fn must be callable or None, got str"),
+        (dict(causal=None), "ulysses: causal must be a bool, got NoneType"),
+        (dict(causal=1, attn_fn=ulysses.sdpa()), "ulysses: causal must be a bool, got int"),
+        (dict(attn_fn=0, causal=0), "ulysses: attn_fn must be callable or None, got int"),
+    ]:
         with pytest.raises(TypeError) as e:
-            ulysses._layer_fields(q, q, q, 2, **kwargs)
+            ulysses.agreement._layer_fields(q, q, q, 2, **kwargs)
         assert str(e.value) == msg
     with pytest.raises(ValueError) as e:  # a local check before them fails first
-        ulysses._layer_fields(q, q, q, 2, chunks=3, causal=None)
+        ulysses.agreement._layer_fields(q, q, q, 2, chunks=3, causal=None)
     assert str(e.value).startswith("ulysses: chunks must be positive")
-    assert ulysses._layer_fields(q, q, q, 2, causal=True)[ulysses._FIELDS.index("causal")] == 1
+    assert ulysses.agreement._layer_fields(q, q, q, 2, causal=True)[ulysses.agreement._FIELDS.index("causal")] == 1
 
 
 def test_exchange_buffers_past_int64_bytes_are_refused_by_the_local_checks():
@@ -263,12 +292,16 @@ def test_exchange_buffers_past_int64_bytes_are_refused_by_the_local_checks():
     every rank fails alike, instead of the pack failing on one rank after the agreement."""
     too_large = "ulysses: q, k and v are too large: the exchange buffers would exceed 2^63 - 1 bytes"
     q1, kv1 = torch.empty(1, 8, 64), torch.empty(1, 2, 64)
-    for q, k, world in [(q1.expand(1 << 52, 8, 64), kv1.expand(1 << 52, 2, 64), 2),  # 2^52 * 2 * (4 + 2) * 64 * 4
-                        (torch.empty(0, 8, 1 << 58), torch.empty(0, 1, 1 << 58), 8)]:  # empty, head_dim 2^58
+    for q, k, world in [
+        (q1.expand(1 << 52, 8, 64), kv1.expand(1 << 52, 2, 64), 2),  # 2^52 * 2 * (4 + 2) * 64 * 4
+        (torch.empty(0, 8, 1 << 58), torch.empty(0, 1, 1 << 58), 8),
+    ]:  # empty, head_dim 2^58
         with pytest.raises(ValueError) as e:
-            ulysses._check_geometry(q, k, k, world)
+            ulysses.agreement._check_geometry(q, k, k, world)
         assert str(e.value) == too_large
-    ulysses._check_geometry(q1.expand(1 << 40, 8, 64), kv1.expand(1 << 40, 2, 64), kv1.expand(1 << 40, 2, 64), 2)
+    ulysses.agreement._check_geometry(
+        q1.expand(1 << 40, 8, 64), kv1.expand(1 << 40, 2, 64), kv1.expand(1 << 40, 2, 64), 2
+    )
 
 
 @requires_cuda
@@ -282,26 +315,34 @@ def test_gqa_pack_kernel_matches_torch(heads, kv, world, rows):
     q, k, v = q.view(rows, heads, 128), k.view(rows, kv, 128), v.view(rows, kv, 128)
     want = pack_gqa_reference(q, k, v, world)
     assert same_bits(_C._pack_qkv_gqa(q, k, v, world)[0], want)
-    assert same_bits(ulysses._pack_torch(q, k, v, world)[0], want)  # the layer's CPU path
+    assert same_bits(ulysses.exchange._pack_torch(q, k, v, world)[0], want)  # the layer's CPU path
 
 
 @pytest.mark.parametrize("heads,kv,world", [(8, 4, 2), (8, 8, 4), (12, 2, 4), (12, 1, 3), (8, 2, 8)])
 def test_cpu_pack_matches_reference(heads, kv, world):
     q, k, v = torch.randn(5, heads, 16), torch.randn(5, kv, 16), torch.randn(5, kv, 16)
-    assert same_bits(ulysses._pack_torch(q, k, v, world)[0], pack_gqa_reference(q, k, v, world))
+    assert same_bits(ulysses.exchange._pack_torch(q, k, v, world)[0], pack_gqa_reference(q, k, v, world))
 
 
 @requires_cuda
 def test_validation_inside_a_capture_is_refused_before_any_collective():
     if not dist.is_nccl_available():
         pytest.skip("no NCCL")
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            device_id=torch.device("cuda", torch.cuda.current_device()))
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+        device_id=torch.device("cuda", torch.cuda.current_device()),
+    )
     try:
         q = torch.randn(16, 4, 64, device="cuda", dtype=torch.bfloat16)
         ulysses.ulysses_attention(q, q, q)  # warm-up outside the capture
-        for call in (lambda: ulysses.ulysses_attention(q, q, q), lambda: ulysses.scatter_heads(q, q, q),
-                     lambda: ulysses.gather_heads(q)):
+        for call in (
+            lambda: ulysses.ulysses_attention(q, q, q),
+            lambda: ulysses.scatter_heads(q, q, q),
+            lambda: ulysses.gather_heads(q),
+        ):
             graph = torch.cuda.CUDAGraph()
             with pytest.raises(ValueError) as e:
                 with torch.cuda.graph(graph):
@@ -326,9 +367,13 @@ def test_head_dim_of_any_stride(heads, kv, backend):
     if backend == "nccl" and not dist.is_nccl_available():
         pytest.skip("no NCCL")
     device = "cuda" if backend == "nccl" else "cpu"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            **(dict(device_id=torch.device("cuda", torch.cuda.current_device()))
-                               if backend == "nccl" else {}))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+        **(dict(device_id=torch.device("cuda", torch.cuda.current_device())) if backend == "nccl" else {}),
+    )
     try:
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         strided = [torch.randn(33, n, 128, device=device, dtype=dtype)[..., ::2] for n in (heads, kv, kv)]
@@ -348,8 +393,13 @@ def test_head_dim_of_any_stride(heads, kv, backend):
 def test_nccl_world_of_one(heads, kv, dtype):
     if not dist.is_nccl_available():
         pytest.skip("no NCCL")
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            device_id=torch.device("cuda", torch.cuda.current_device()))
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+        device_id=torch.device("cuda", torch.cuda.current_device()),
+    )
     try:
         q = torch.randn(65, heads, 64, device="cuda", dtype=dtype)
         k = torch.randn(65, kv, 64, device="cuda", dtype=dtype)

@@ -3,16 +3,11 @@ same result as the unchunked layer and as attention over the whole sequence
 (gloo ranks on CPU here; NCCL where GPUs are), chunk counts checked and
 agreed on by every rank."""
 
-
 import pytest
 import torch
-
 from attnprep import ulysses
 from attnprep.testing import attention_reference, pack_gqa_reference
 from conftest import assert_ranks_ok, nccl_ranks_ok, run_rank
-
-
-
 
 # (heads, kv_heads, chunks) per world size: MHA, kv split, kv replicated
 CASES = {
@@ -26,18 +21,19 @@ CASES = {
 @pytest.mark.parametrize("heads, kv, world, chunks", [(8, 4, 2, 2), (12, 2, 4, 3), (8, 8, 2, 4), (8, 1, 2, 2)])
 def test_cpu_chunked_pack_matches_reference(heads, kv, world, chunks):
     q, k, v = torch.randn(5, heads, 16), torch.randn(5, kv, 16), torch.randn(5, kv, 16)
-    got = ulysses._pack_torch(q, k, v, world, chunks)
+    got = ulysses.exchange._pack_torch(q, k, v, world, chunks)
     local_q = heads // world
     for c in range(chunks):  # chunk c is the unchunked pack of those heads
         sel = [d * local_q + c * (local_q // chunks) + h for d in range(world) for h in range(local_q // chunks)]
         if kv >= world:
             local_kv = kv // world
-            ksel = [d * local_kv + c * (local_kv // chunks) + h for d in range(world) for h in range(local_kv // chunks)]
+            ksel = [
+                d * local_kv + c * (local_kv // chunks) + h for d in range(world) for h in range(local_kv // chunks)
+            ]
         else:
             ksel = list(range(kv))
         want = pack_gqa_reference(q[:, sel], k[:, ksel], v[:, ksel], world)
         assert torch.equal(got[c], want)
-
 
 
 def _worker(rank, world, device):
@@ -55,19 +51,27 @@ def _worker(rank, world, device):
                 if got.shape != want.shape or err > 1e-12:
                     return f"({heads}, {kv}, chunks {c}, causal {causal}): error {err}"
     # every rank refuses a chunk count that does not divide its heads, or one the others do not share
-    q, k, v = (torch.randn(rows, n, dim, dtype=torch.float64, device=device)
-               for n in (4 * world, 2 * world, 2 * world))
-    refused = ("ulysses: rank 0: ulysses: chunks must be positive and divide each rank's q heads "
-               "(and its kv heads when they are split)")
-    for chunks, msg in [(3, refused), (2**70, refused), (-2**70, refused),  # past int64: the same check
-                        (2 if rank == 0 else 1, None)]:
+    q, k, v = (torch.randn(rows, n, dim, dtype=torch.float64, device=device) for n in (4 * world, 2 * world, 2 * world))
+    refused = (
+        "ulysses: rank 0: ulysses: chunks must be positive and divide each rank's q heads "
+        "(and its kv heads when they are split)"
+    )
+    for chunks, msg in [
+        (3, refused),
+        (2**70, refused),
+        (-(2**70), refused),  # past int64: the same check
+        (2 if rank == 0 else 1, None),
+    ]:
         try:
             ulysses.ulysses_attention(q, k, v, chunks=chunks)
             if world > 1 or msg:
                 return f"no error for chunks {chunks}"
         except ValueError as e:
-            want = msg or ("ulysses: every rank must pass the same chunks, got [2, " +
-                           ", ".join("1" for _ in range(world - 1)) + "]")
+            want = msg or (
+                "ulysses: every rank must pass the same chunks, got [2, "
+                + ", ".join("1" for _ in range(world - 1))
+                + "]"
+            )
             if str(e) != want:
                 return str(e)
     return "ok"
@@ -97,9 +101,11 @@ def _attn_result_checked(rank, world, device, transport="nccl"):
     q, k, v = (torch.randn(rows, heads, dim, dtype=dtype, device=device) for _ in range(3))
     for chunks in (1, 2):
         shape = torch.Size([world * rows, heads // world // chunks, dim])
-        bad = [(lambda q_, k_, v_: q_[:, :1], f"{torch.Size([shape[0], 1, dim])} on {device}"),
-               (lambda q_, k_, v_: q_.reshape(-1), f"{torch.Size([shape.numel()])} on {device}"),
-               (lambda q_, k_, v_: None, "NoneType")]
+        bad = [
+            (lambda q_, k_, v_: q_[:, :1], f"{torch.Size([shape[0], 1, dim])} on {device}"),
+            (lambda q_, k_, v_: q_.reshape(-1), f"{torch.Size([shape.numel()])} on {device}"),
+            (lambda q_, k_, v_: None, "NoneType"),
+        ]
         for fn, got in bad:
             try:
                 ulysses.ulysses_attention(q, k, v, attn_fn=fn, chunks=chunks, transport=transport)

@@ -6,12 +6,11 @@ GPUs: on CPU only the checks run (gloo ranks)."""
 
 import pytest
 import torch
-
 from attnprep import _peer, ulysses
 from conftest import assert_ranks_ok, nccl_ranks_ok, run_rank
 
-BAD_TRANSPORT = "ulysses: transport must be \"nccl\" or \"copy_engine\""
-NEEDS = "ulysses: transport=\"copy_engine\" needs CUDA tensors and wire_dtype=None"
+BAD_TRANSPORT = 'ulysses: transport must be "nccl" or "copy_engine"'
+NEEDS = 'ulysses: transport="copy_engine" needs CUDA tensors and wire_dtype=None'
 
 
 def _checks(rank, world, device):
@@ -65,8 +64,11 @@ def _same_as_nccl(rank, world, device):
         ulysses.ulysses_attention(q, k, v, transport="copy_engine" if rank == 0 else "nccl")
         return "no error for transports that differ"
     except ValueError as e:
-        want = "ulysses: every rank must pass the same transport, got [copy_engine, " + \
-            ", ".join("nccl" for _ in range(world - 1)) + "]"
+        want = (
+            "ulysses: every rank must pass the same transport, got [copy_engine, "
+            + ", ".join("nccl" for _ in range(world - 1))
+            + "]"
+        )
         if str(e) != want:
             return str(e)
     return _checks(rank, world, device)
@@ -105,8 +107,10 @@ def _set_up_errors(rank, world, device):
         ulysses.ulysses_attention(q[:17], k[:17], v[:17], transport="copy_engine")
         return "no error without peer access"
     except ValueError as e:
-        want = ("ulysses: transport=\"copy_engine\" needs every rank's GPU on one node with peer access "
-                "(rank 1: GPU 1 cannot access GPU 0)")
+        want = (
+            'ulysses: transport="copy_engine" needs every rank\'s GPU on one node with peer access '
+            "(rank 1: GPU 1 cannot access GPU 0)"
+        )
         if str(e) != want:
             return f"peer access: {e}"
     finally:
@@ -122,17 +126,33 @@ def test_nccl_copy_engine_set_up_errors(world):
     nccl_ranks_ok(world, _set_up_errors)
 
 
-@pytest.mark.parametrize("local_q, group, ratio, want", [
-    (16, 1, 3.3, (1, 3, 11, 1)), (28, 1, 16.8, (1, 26, 1)), (40, 1, 2.0, (1, 2, 4, 8, 24, 1)),
-    (12, 4, 5.0, (4, 4, 4)), (8, 4, 5.0, (8,)), (6, 1, 1.6, (1, 1, 1, 1, 1, 1)), (16, 1, 0.9, (16,))])
+@pytest.mark.parametrize(
+    "local_q, group, ratio, want",
+    [
+        (16, 1, 3.3, (1, 3, 11, 1)),
+        (28, 1, 16.8, (1, 26, 1)),
+        (40, 1, 2.0, (1, 2, 4, 8, 24, 1)),
+        (12, 4, 5.0, (4, 4, 4)),
+        (8, 4, 5.0, (8,)),
+        (6, 1, 1.6, (1, 1, 1, 1, 1, 1)),
+        (16, 1, 0.9, (16,)),
+    ],
+)
 def test_growing_plan(local_q, group, ratio, want):
     assert _peer.growing_plan(local_q, group, ratio) == want
     assert sum(want) == local_q and all(n % group == 0 for n in want)
 
 
-@pytest.mark.parametrize("local_q, local_kv, split, sequence, want", [
-    (16, 16, True, 16384, (1, 3, 11, 1)), (28, 28, True, 83968, (1, 26, 1)), (16, 4, True, 16384, (4, 8, 4)),
-    (4, 1, False, 16384, (1, 2, 1)), (16, 16, True, 80, (16,))])
+@pytest.mark.parametrize(
+    "local_q, local_kv, split, sequence, want",
+    [
+        (16, 16, True, 16384, (1, 3, 11, 1)),
+        (28, 28, True, 83968, (1, 26, 1)),
+        (16, 4, True, 16384, (4, 8, 4)),
+        (4, 1, False, 16384, (1, 2, 1)),
+        (16, 16, True, 80, (16,)),
+    ],
+)
 def test_auto_plan(local_q, local_kv, split, sequence, want):
     assert _peer.auto_plan(local_q, local_kv, split, sequence) == want
 
@@ -145,8 +165,14 @@ def _per_head(causal):
 
     def run(q, k, v):
         per_kv = q.shape[1] // k.shape[1]
-        return torch.cat([attn(q[:, h:h + 1], k[:, h // per_kv:h // per_kv + 1], v[:, h // per_kv:h // per_kv + 1])
-                          for h in range(q.shape[1])], dim=1)
+        return torch.cat(
+            [
+                attn(q[:, h : h + 1], k[:, h // per_kv : h // per_kv + 1], v[:, h // per_kv : h // per_kv + 1])
+                for h in range(q.shape[1])
+            ],
+            dim=1,
+        )
+
     return run
 
 
@@ -167,17 +193,20 @@ def _uneven_plans_same(rank, world, device):
         plans = {_peer.growing_plan(local_q, group, 2.0), edges}
         for plan in sorted(plans):
             for call in range(2):
-                got = _peer.attention(q, k, v, None, ulysses._checked(attn), plan)
+                got = _peer.attention(q, k, v, None, ulysses.layer._checked(attn), plan)
                 if not torch.equal(got, want):
                     return f"({rows}, {heads}, {kv}) plan {plan} call {call}: differs"
         for call in range(2):
             got = ulysses.ulysses_attention(q, k, v, attn_fn=attn, chunks="auto", transport="copy_engine")
             if not torch.equal(got, want):
-                return f"({rows}, {heads}, {kv}) auto call {call}: differs by {(got.float() - want.float()).abs().max()}"
+                return (
+                    f"({rows}, {heads}, {kv}) auto call {call}: differs by {(got.float() - want.float()).abs().max()}"
+                )
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            got = ulysses.ulysses_attention(q, k, v, attn_fn=attn, chunks="auto", transport="copy_engine",
-                                            validate=False)
+            got = ulysses.ulysses_attention(
+                q, k, v, attn_fn=attn, chunks="auto", transport="copy_engine", validate=False
+            )
         for _ in range(2):
             got.fill_(float("nan"))
             graph.replay()
@@ -189,7 +218,11 @@ def _uneven_plans_same(rank, world, device):
         ulysses.ulysses_attention(q, k, v, chunks="auto" if rank == 0 else 2, transport="copy_engine")
         return "no error for chunks that differ"
     except ValueError as e:
-        want = "ulysses: every rank must pass the same chunks, got [auto, " + ", ".join("2" for _ in range(world - 1)) + "]"
+        want = (
+            "ulysses: every rank must pass the same chunks, got [auto, "
+            + ", ".join("2" for _ in range(world - 1))
+            + "]"
+        )
         if str(e) != want:
             return str(e)
     return "ok"

@@ -6,20 +6,25 @@ heads split and replicated). One process per GPU; skipped without two."""
 
 import pytest
 import torch
-
 from attnprep import ulysses
 from conftest import nccl_ranks_ok
 
 # (heads, kv heads) per world size: MHA, GQA split across ranks, GQA replicated
 GEOMETRIES = {2: [(8, 8), (8, 4), (8, 1)]}
-VARIANTS = [dict(chunks=1), dict(chunks=2), dict(chunks=1, wire_dtype=torch.float8_e4m3fn),
-            dict(chunks=1, transport="copy_engine"), dict(chunks=2, transport="copy_engine")]
+VARIANTS = [
+    dict(chunks=1),
+    dict(chunks=2),
+    dict(chunks=1, wire_dtype=torch.float8_e4m3fn),
+    dict(chunks=1, transport="copy_engine"),
+    dict(chunks=2, transport="copy_engine"),
+]
 
 
 def _graphs(rank, world, device):
     rows, dim = 48, 64
     for heads, kv in GEOMETRIES[world]:
         for variant in VARIANTS:
+
             def fresh(seed):
                 g = torch.Generator().manual_seed(seed * 100 + rank)
                 return [torch.randn(rows, n, dim, generator=g).to(torch.bfloat16).to(device) for n in (heads, kv, kv)]

@@ -4,10 +4,8 @@ packing them with attnprep.testing's references: bit for bit on
 integer-valued inputs (every summation order is exact there), and through
 gloo ranks against scatter_heads of the projected q, k, v."""
 
-
 import pytest
 import torch
-
 from attnprep import ulysses
 from attnprep.testing import pack_gqa_reference, pack_reference
 from conftest import assert_ranks_ok, run_rank
@@ -57,20 +55,37 @@ def test_float32_within_rounding():
     assert (send - want).abs().max().item() < 1e-4 * want.abs().max().item()
 
 
-@pytest.mark.parametrize("args, msg", [
-    (lambda w: (w[0][:, :5], w[1], w[2], 2, 16),
-     "ulysses: w_q, w_k and w_v must be 2-D [heads * head_dim, hidden] with one hidden size and dtype"),
-    (lambda w: (w[0], w[1].float(), w[2], 2, 16),
-     "ulysses: w_q, w_k and w_v must be 2-D [heads * head_dim, hidden] with one hidden size and dtype"),
-    (lambda w: (w[0], w[1], w[2], 2, 24), "ulysses: head_dim must be positive and divide the rows of w_q, w_k and w_v"),
-    (lambda w: (w[0], w[1], w[2], 2, 0), "ulysses: head_dim must be positive and divide the rows of w_q, w_k and w_v"),
-    (lambda w: (w[0], w[1], w[2], 3, 16), "ulysses: world_size must divide the number of q heads"),
-    (lambda w: (w[0], w[1], w[2], 2**70, 16), "ulysses: world_size must divide the number of q heads"),
-    (lambda w: (w[0], w[1][:48], w[2][:48], 2, 16),
-     "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size"),
-    (lambda w: (w[0], w[1], w[2], 2, 16, torch.zeros(128)),
-     "ulysses: b_q, b_k and b_v must be given together, each [heads * head_dim] of its weight"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (
+            lambda w: (w[0][:, :5], w[1], w[2], 2, 16),
+            "ulysses: w_q, w_k and w_v must be 2-D [heads * head_dim, hidden] with one hidden size and dtype",
+        ),
+        (
+            lambda w: (w[0], w[1].float(), w[2], 2, 16),
+            "ulysses: w_q, w_k and w_v must be 2-D [heads * head_dim, hidden] with one hidden size and dtype",
+        ),
+        (
+            lambda w: (w[0], w[1], w[2], 2, 24),
+            "ulysses: head_dim must be positive and divide the rows of w_q, w_k and w_v",
+        ),
+        (
+            lambda w: (w[0], w[1], w[2], 2, 0),
+            "ulysses: head_dim must be positive and divide the rows of w_q, w_k and w_v",
+        ),
+        (lambda w: (w[0], w[1], w[2], 3, 16), "ulysses: world_size must divide the number of q heads"),
+        (lambda w: (w[0], w[1], w[2], 2**70, 16), "ulysses: world_size must divide the number of q heads"),
+        (
+            lambda w: (w[0], w[1][:48], w[2][:48], 2, 16),
+            "ulysses: kv_heads must divide the q heads, and divide or be a multiple of world_size",
+        ),
+        (
+            lambda w: (w[0], w[1], w[2], 2, 16, torch.zeros(128)),
+            "ulysses: b_q, b_k and b_v must be given together, each [heads * head_dim] of its weight",
+        ),
+    ],
+)
 def test_weight_errors(args, msg):
     w, _ = layer(8, 4)
     with pytest.raises(ValueError) as e:
@@ -93,7 +108,6 @@ def test_x_errors():
         with pytest.raises(ValueError) as e:
             ulysses.project_destination_major(x, weight, bias)
         assert str(e.value) == "ulysses: x must be [rows, hidden] with the weight's hidden size and dtype"
-
 
 
 def _worker(rank, world, device):

@@ -2,9 +2,9 @@
 against float64 attention over the whole sequence (gloo ranks here; NCCL
 where GPUs are), every rank agreeing on the wire dtype."""
 
+import attnprep
 import pytest
 import torch
-
 from attnprep import ulysses
 from attnprep.testing import attention_reference
 from conftest import assert_ranks_ok, nccl_ranks_ok, run_rank
@@ -16,11 +16,11 @@ WIRES = {torch.float8_e4m3fn: 2**-4, torch.float8_e5m2: 2**-3}  # half an ulp at
 def test_wire_round_trip(wire):
     x = torch.randn(3, 5, 3, 64, dtype=torch.bfloat16) * torch.logspace(-3, 3, 3)[None, None, :, None]
     x[0, 0, 0] = 0  # an all-zero block
-    buf = ulysses._to_wire(x, wire)
+    buf = ulysses.wire._to_wire(x, wire)
     # fp8 values, then float32 scales, then zeros to a multiple of 16 bytes
     assert buf.dtype == torch.uint8 and buf.shape == (3, 5, 3 * 64 + 3 * 4 + 4)
     assert not buf[..., -4:].any()
-    y = ulysses._from_wire(buf, 3, 64, wire, x.dtype)
+    y = ulysses.wire._from_wire(buf, 3, 64, wire, x.dtype)
     block_max = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-30)
     assert ((y.float() - x.float()).abs() / block_max).max().item() <= WIRES[wire] + 2**-8  # + bf16 output rounding
     assert torch.equal(y[0, 0, 0], x[0, 0, 0])
@@ -48,18 +48,27 @@ def _special_blocks(x: torch.Tensor) -> torch.Tensor:
 @needs_cuda
 @pytest.mark.parametrize("wire", list(WIRES), ids=str)
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
-@pytest.mark.parametrize("world,rows,heads,kv,dim", [
-    (1, 1, 2, 2, 64), (2, 17, 8, 8, 128), (3, 5, 6, 6, 32), (2, 65, 8, 4, 128), (4, 3, 8, 2, 64),
-    (2, 9, 4, 1, 256), (2, 0, 4, 4, 128)])
+@pytest.mark.parametrize(
+    "world,rows,heads,kv,dim",
+    [
+        (1, 1, 2, 2, 64),
+        (2, 17, 8, 8, 128),
+        (3, 5, 6, 6, 32),
+        (2, 65, 8, 4, 128),
+        (4, 3, 8, 2, 64),
+        (2, 9, 4, 1, 256),
+        (2, 0, 4, 4, 128),
+    ],
+)
 def test_fused_pack_quantize_matches_torch_byte_for_byte(wire, dtype, world, rows, heads, kv, dim):
     """The CUDA pack + quantize kernel writes exactly the bytes of the plain
     torch protocol (pack, then _to_wire), padding included, over a poisoned buffer."""
     g = torch.Generator().manual_seed(rows * 100 + heads)
     q, k, v = (_special_blocks(torch.randn(rows, n, dim, generator=g).to(dtype)).cuda() for n in (heads, kv, kv))
-    shape, n = ulysses._send_layout(q, k, world)
-    want = ulysses._to_wire(ulysses._pack(q, k, v, world).view(world, rows, n, dim), wire)
+    shape, n = ulysses.exchange._send_layout(q, k, world)
+    want = ulysses.wire._to_wire(ulysses.exchange._pack(q, k, v, world).view(world, rows, n, dim), wire)
     got = torch.full_like(want, 0xA5)
-    assert ulysses._C._wire_pack_qkv(q, k, v, world, ulysses._WIRE[wire], got)
+    assert attnprep._C._wire_pack_qkv(q, k, v, world, ulysses.agreement._WIRE[wire], got)
     assert torch.equal(got, want)
 
 
@@ -77,15 +86,15 @@ def test_quantize_and_dequantize_strided_views_match_torch(wire, dtype, world, r
     o = o.transpose(0, 1).contiguous().transpose(0, 1)  # [S, h, D] with the head stride outermost
     x = o.reshape(world, rows, heads, dim)
     assert not x.is_contiguous() or rows * heads == 0 or heads == 1
-    want = ulysses._to_wire(x.contiguous(), wire)
+    want = ulysses.wire._to_wire(x.contiguous(), wire)
     got = torch.full_like(want, 0x5A)
-    assert ulysses._C._wire_quantize(x, ulysses._WIRE[wire], got)
+    assert attnprep._C._wire_quantize(x, ulysses.agreement._WIRE[wire], got)
     assert torch.equal(got, want)
 
     poison = torch.full((rows, world * heads + 1, dim), 7.0, dtype=dtype, device="cuda")
     target = poison[:, 1:].view(rows, world, heads, dim).permute(1, 0, 2, 3)
-    assert ulysses._C._wire_dequantize(want, ulysses._WIRE[wire], target)
-    ref = ulysses._from_wire(want, heads, dim, wire, dtype)
+    assert attnprep._C._wire_dequantize(want, ulysses.agreement._WIRE[wire], target)
+    ref = ulysses.wire._from_wire(want, heads, dim, wire, dtype)
     # equal values, NaN where the reference has NaN (its payload bits may differ)
     assert torch.equal(target.float().nan_to_num(12345.0), ref.float().nan_to_num(12345.0))
     assert torch.equal(target.isnan(), ref.isnan())
@@ -99,23 +108,25 @@ def test_where_the_kernels_do_not_apply_the_torch_path_gives_the_same_layer():
     functions fall back to torch."""
     for dim in (96, 8):
         x = torch.randn(2, 3, 4, dim, device="cuda", dtype=torch.bfloat16)
-        buf = torch.full((2, 3, ulysses._C._wire_row_bytes(4, dim)), 0xA5, dtype=torch.uint8, device="cuda")
-        assert not ulysses._C._wire_quantize(x, 1, buf)
+        buf = torch.full((2, 3, attnprep._C._wire_row_bytes(4, dim)), 0xA5, dtype=torch.uint8, device="cuda")
+        assert not attnprep._C._wire_quantize(x, 1, buf)
         assert (buf == 0xA5).all()
-        assert not ulysses._C._wire_dequantize(ulysses._to_wire(x, torch.float8_e4m3fn), 1, x)
+        assert not attnprep._C._wire_dequantize(ulysses.wire._to_wire(x, torch.float8_e4m3fn), 1, x)
     strided = torch.randn(2, 3, 4, 128, 2, device="cuda", dtype=torch.bfloat16)[..., 0]
-    buf = torch.empty((2, 3, ulysses._C._wire_row_bytes(4, 128)), dtype=torch.uint8, device="cuda")
-    assert not ulysses._C._wire_quantize(strided, 1, buf)
-    assert torch.equal(ulysses._quantize(strided, torch.float8_e4m3fn),
-                       ulysses._to_wire(strided.contiguous(), torch.float8_e4m3fn))
+    buf = torch.empty((2, 3, attnprep._C._wire_row_bytes(4, 128)), dtype=torch.uint8, device="cuda")
+    assert not attnprep._C._wire_quantize(strided, 1, buf)
+    assert torch.equal(
+        ulysses.wire._quantize(strided, torch.float8_e4m3fn),
+        ulysses.wire._to_wire(strided.contiguous(), torch.float8_e4m3fn),
+    )
 
 
 def test_wire_errors():
     with pytest.raises(ValueError) as e:
-        ulysses._wire_code(torch.bfloat16)
+        ulysses.agreement._wire_code(torch.bfloat16)
     assert str(e.value) == "ulysses: wire_dtype must be None, torch.float8_e4m3fn or torch.float8_e5m2"
     with pytest.raises(ValueError) as e:
-        ulysses._wire_code(torch.float8_e4m3fn, 2)
+        ulysses.agreement._wire_code(torch.float8_e4m3fn, 2)
     assert str(e.value) == "ulysses: wire_dtype needs chunks=1"
 
 
@@ -136,8 +147,9 @@ def _layer(rank, world, device):
             mine = slice(rank * rows, (rank + 1) * rows)
             want = attention_reference(q.double(), k.double(), v.double(), causal)[mine]
             for wire, bound in LAYER_BOUND.items():
-                got = ulysses.ulysses_attention(*(t[mine].to(device) for t in (q, k, v)), causal=causal,
-                                                wire_dtype=wire).cpu()
+                got = ulysses.ulysses_attention(
+                    *(t[mine].to(device) for t in (q, k, v)), causal=causal, wire_dtype=wire
+                ).cpu()
                 err = ((got.double() - want).abs().max() / v.double().abs().max()).item()
                 worst[wire] = max(worst.get(wire, 0.0), err)
                 if not err <= bound:
@@ -150,12 +162,16 @@ def _layer(rank, world, device):
         if world > 1:
             return "no error for disagreeing wire dtypes"
     except ValueError as e:
-        want = "ulysses: every rank must pass the same wire_dtype, got [torch.float8_e4m3fn, " + \
-            ", ".join("None" for _ in range(world - 1)) + "]"
+        want = (
+            "ulysses: every rank must pass the same wire_dtype, got [torch.float8_e4m3fn, "
+            + ", ".join("None" for _ in range(world - 1))
+            + "]"
+        )
         if str(e) != want:
             return str(e)
-    print(f"rank {rank}: fp8 wire, worst output error / max |v|: " +
-          ", ".join(f"{w}: {e:.3g}" for w, e in worst.items()))
+    print(
+        f"rank {rank}: fp8 wire, worst output error / max |v|: " + ", ".join(f"{w}: {e:.3g}" for w, e in worst.items())
+    )
     return "ok"
 
 

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from attnprep import usp_merge_heads
 from conftest import requires_cuda, same_bits
 
@@ -18,8 +17,10 @@ def raises(msg, x):
 
 
 def test_messages_reachable_on_cpu():
-    raises("usp_merge_heads expects x to be 5-D [W, S, B, h_local, D], got torch.Size([2, 3, 4, 5])",
-           torch.randn(2, 3, 4, 5))
+    raises(
+        "usp_merge_heads expects x to be 5-D [W, S, B, h_local, D], got torch.Size([2, 3, 4, 5])",
+        torch.randn(2, 3, 4, 5),
+    )
     raises("usp_merge_heads expects a CUDA tensor", torch.randn(2, 3, 1, 4, 8))
 
 
@@ -42,8 +43,10 @@ def test_unsupported_dtype(dtype):
 
 @requires_cuda
 def test_unsupported_dtype_exact_text():
-    raises("Unsupported usp_merge_heads dtype: torch.float64", torch.zeros(1, 1, 1, 1, 1, device="cuda",
-                                                                            dtype=torch.float64))
+    raises(
+        "Unsupported usp_merge_heads dtype: torch.float64",
+        torch.zeros(1, 1, 1, 1, 1, device="cuda", dtype=torch.float64),
+    )
 
 
 SHAPES = [(8, 65, 1, 3, 128), (2, 17, 2, 5, 80), (3, 1, 1, 1, 64), (4, 33, 3, 2, 17), (1, 7, 2, 4, 1)]

@@ -1,0 +1,190 @@
+"""The attention layer: scatter, attention over the whole sequence with the
+rank's share of the heads, gather; whole or in head chunks that overlap the
+exchanges with attention, over NCCL or the copy engines."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .. import _C, _peer
+from .agreement import _AUTO_FIELD, AUTO_CHUNKS, _checked_chunks, _plan, _world
+from .exchange import _pack_torch, _scatter, _unit_head_dim, _unpack, gather_heads
+
+Tensor = torch.Tensor
+AttnFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def sdpa(causal: bool = False, scale: Optional[float] = None) -> AttnFn:
+    """Default attention: ``[S, h, D]`` q/k/v -> ``[S, h, D]`` through
+    torch's scaled_dot_product_attention; k/v with fewer heads are repeated
+    to q's heads (grouped-query attention)."""
+
+    def attn(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if k.shape[1] != q.shape[1]:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=causal, scale=scale
+        )
+        return out[0].transpose(0, 1)
+
+    return attn
+
+
+def ulysses_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    group=None,
+    attn_fn: Optional[AttnFn] = None,
+    causal: bool = False,
+    validate: bool = True,
+    chunks=1,
+    wire_dtype=None,
+    transport: str = "nccl",
+) -> Tensor:
+    """Attention over the whole sequence for this rank's shard of it.
+
+    One exchange in (q, k, v packed together), attention over the whole
+    sequence with this rank's share of the heads, one exchange back. The
+    result equals attention over the whole sequence on one device, sliced to
+    the rank's rows.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[rows, H, D]``: this rank's rows of the sequence (rank order).
+    k, v : torch.Tensor
+        ``[rows, H_kv, D]``; ``H_kv`` divides ``H`` and is a multiple of the
+        world size or divides it (then each rank gets the kv head its q heads
+        use).
+    group : torch.distributed.ProcessGroup, optional
+        The ranks (default: the world).
+    attn_fn : callable, optional
+        ``attn_fn(q, k, v)`` on ``[S, h, D]`` tensors, returning ``[S, h, D]``
+        (default: :func:`sdpa` with ``causal``).
+    causal : bool
+        For the default attention.
+    validate : bool
+        The ranks agree on geometry, dtype and options first (one small
+        all_gather), so that a bad input on any rank raises the same error on
+        every rank; pass False inside CUDA-graph capture.
+    chunks : int or "auto"
+        Split each rank's heads into groups whose exchanges overlap attention
+        on the previous group.
+    wire_dtype : torch.dtype, optional
+        ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``: both exchanges in
+        fp8 with a scale per row and head.
+    transport : str
+        ``"nccl"`` or ``"copy_engine"`` (one node, peer access).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[rows, H, D]``, q's dtype and device.
+
+    Raises
+    ------
+    TypeError, ValueError
+        The messages of the contract (``contract.md`` in the package), the
+        same on every rank.
+
+    Examples
+    --------
+    On each of the ranks of an initialized process group:
+
+    >>> out = ulysses_attention(q, k, v, causal=True)  # doctest: +SKIP
+    """
+    chunks = _checked_chunks(q, k, v, group, validate, chunks, wire_dtype, transport, attn_fn, causal)
+    attn = _checked(attn_fn or sdpa(causal))
+    if transport == "nccl" and (chunks == 1 or (chunks == _AUTO_FIELD and AUTO_CHUNKS == 1)):
+        ql, kl, vl = _scatter(q, k, v, group, False, wire_dtype)
+        return gather_heads(attn(ql, kl, vl), group, wire_dtype=wire_dtype, validate=False)  # attn's result is checked
+    return _chunked_attention(q, k, v, group, attn, chunks, transport)
+
+
+def _checked(attn: AttnFn) -> AttnFn:
+    """attn, its result checked before anything reads it: a tensor of its q's
+    shape on q's device (the exchange back sizes its copies by q; anything
+    else would read past the result or hang the ranks on mismatched
+    collectives)."""
+
+    def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        o = attn(q, k, v)
+        if not (isinstance(o, Tensor) and o.shape == q.shape and o.device == q.device):
+            got = f"{o.shape} on {o.device}" if isinstance(o, Tensor) else type(o).__name__
+            raise ValueError(
+                f"ulysses: attn_fn must return a tensor shaped like its q, {q.shape} on {q.device}, got {got}"
+            )
+        return o
+
+    return run
+
+
+def _chunked_attention(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, chunks: int, transport: str) -> Tensor:
+    """The layer with its heads in ``chunks`` (checked: _checked_chunks), or
+    over the copy engines; a wire_dtype never gets here (chunks=1 only)."""
+    world, _ = _world(group)
+    q, k, v = _unit_head_dim(q, k, v)
+    rows, heads, dim = q.shape
+    kv = k.shape[1]
+    over_peers = transport == "copy_engine" and world > 1  # one rank has nothing to send
+    plan = _plan(rows, heads, kv, world, chunks, transport if over_peers else "nccl")
+    if over_peers:
+        return _peer.attention(q, k, v, group, attn, plan)
+    chunks = len(plan)  # equal chunks over NCCL
+    local_q, split = heads // world, kv >= world
+    chunk_q = local_q // chunks
+    chunk_kv = world * (kv // world // chunks) if split else kv
+    # chunk c: q heads d * local_q + c * chunk_q + [0, chunk_q) of every destination d
+    send = _C._pack_qkv_gqa(q, k, v, world, chunks) if q.is_cuda else _pack_torch(q, k, v, world, chunks)
+    out = torch.empty((rows, heads, dim), dtype=q.dtype, device=q.device)
+    placed = out.view(rows, world, local_q, dim)
+    recv = torch.empty_like(send) if world > 1 else send
+
+    def exchange(src: Tensor, dst: Tensor):
+        return dist.all_to_all_single(dst, src, group=group, async_op=True) if world > 1 else None
+
+    inbound = [exchange(send[0], recv[0])]
+    back, outbound = [], []
+    for c in range(chunks):
+        if c + 1 < chunks:  # the next chunk travels while this one is attended to
+            inbound.append(exchange(send[c + 1], recv[c + 1]))
+        if inbound[c] is not None:
+            inbound[c].wait()
+        ql, kl, vl = _unpack(recv[c], world * chunk_q, chunk_kv, dim, world)
+        o = attn(ql, kl, vl).reshape(world, rows, chunk_q, dim).contiguous()  # [S, chunk_q, D] by source rank
+        back.append(torch.empty_like(o) if world > 1 else o)
+        outbound.append(exchange(o, back[c]))
+    for c in range(chunks):
+        if outbound[c] is not None:
+            outbound[c].wait()
+        placed[:, :, c * chunk_q : (c + 1) * chunk_q].copy_(back[c].permute(1, 0, 2, 3))
+    return out
+
+
+class UlyssesAttention(torch.nn.Module):
+    """Module form of :func:`ulysses_attention`."""
+
+    def __init__(
+        self,
+        group=None,
+        attn_fn: Optional[AttnFn] = None,
+        causal: bool = False,
+        validate: bool = True,
+        chunks=1,
+        wire_dtype=None,
+        transport: str = "nccl",
+    ):
+        super().__init__()
+        self.group, self.attn_fn, self.causal, self.validate = group, attn_fn, causal, validate
+        self.chunks, self.wire_dtype, self.transport = chunks, wire_dtype, transport
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return ulysses_attention(
+            q, k, v, self.group, self.attn_fn, self.causal, self.validate, self.chunks, self.wire_dtype, self.transport
+        )
