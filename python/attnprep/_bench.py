@@ -26,10 +26,8 @@ def sets_needed(bytes_per_set: int) -> int:
     return max(1, min(8, (4 * L2_BYTES) // max(bytes_per_set, 1) + 1))
 
 
-# ~0.5 ms of spinning ahead of each timed call, longer than any op's
-# host-side cost: torch.compile's guards and launches for the QK-norm peer
-# took over 100 us per call on one H200 host, so a 100 us spin let them
-# into the "kernel" time.
+# ~0.5 ms of spinning ahead of each timed call, longer than any op's host-side cost (torch.compile's guards and
+# launches for the QK-norm peer took over 100 us a call: a shorter spin let them into the kernel time).
 SPIN_CYCLES = 1_000_000
 
 

@@ -27,10 +27,8 @@ def direct(*tensors) -> bool:
         return False
     for t in tensors:
         if t.__class__ is _Tensor:
-            # A lazily negated or conjugated view: its memory is not its
-            # values; the dispatcher resolves it (DLPack would export the raw
-            # memory as if it were the values). A tensor that requires grad,
-            # in grad mode: refused on the other path (refuse_grad).
+            # A lazily negated or conjugated view's memory is not its values (the dispatcher resolves it); a tensor
+            # that requires grad in grad mode is refused on the other path (refuse_grad).
             if t.is_neg() or t.is_conj() or (t.requires_grad and _grad_enabled()):
                 return False
         elif isinstance(t, _Tensor):
@@ -48,12 +46,9 @@ def refuse_grad(op: str, *tensors) -> None:
         raise ValueError(INFERENCE_ONLY.format(op=op))
 
 
-# The extension's readings of the non-tensor arguments
-# (src/bindings/tensor_import.cpp: int_arg, float_arg, bool_arg), for calls
-# that go through the dispatcher. Its schema would otherwise see the raw value
-# first: a bool passes for an int there, a str gets torch's RuntimeError
-# rather than the documented TypeError, and an int past int64 cannot be
-# carried. Values torch traces symbolically pass through untouched.
+# The extension's readings of the non-tensor arguments (src/bindings/tensor_import.cpp), for dispatcher calls:
+# torch's schema would otherwise take a bool for an int, give a str torch's RuntimeError and not carry an int past
+# int64. Values torch traces symbolically pass through.
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 

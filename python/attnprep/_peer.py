@@ -166,15 +166,9 @@ def growing_plan(local_q: int, group: int, ratio: float) -> Tuple[int, ...]:
     return tuple(n * group for n in sizes + [1])
 
 
-# chunks="auto" over the copy engines: attention on one head of a sequence
-# of S rows takes about S * AUTO_RATIO_PER_ROW times as long as the copy
-# engines take to bring in that head's q, k and v. Two H200s, causal bf16
-# SDPA with head_dim 128 (bench/README.md: attention alone over the rank's
-# heads, and the copy-engine exchange alone, of which the inbound q, k, v
-# are 3/4 of the bytes): 1.79 ms / 16 heads against 0.59 ms / 16 at S =
-# 16384 (a ratio of 3.1), 86.9 ms / 28 against 3.76 ms / 28 at S = 83968
-# (23). Non-causal attention takes twice as long, so the ratio errs towards
-# smaller chunks.
+# chunks="auto" over the copy engines: attention on one head of S rows takes about S * AUTO_RATIO_PER_ROW times the
+# copy engines' time for its q, k, v (two H200s, causal bf16 SDPA, head_dim 128: ratio 3.1 at S = 16384, 23 at
+# 83968; bench/README.md). Non-causal attention takes twice as long, so the ratio errs towards smaller chunks.
 AUTO_RATIO_PER_ROW = 2e-4
 
 

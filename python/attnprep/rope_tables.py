@@ -309,11 +309,8 @@ def rope_cos_sin_cache(
         max_position=max_position,
         dtype=dtype,
     )
-    # Values each within range can still make the table non-finite (a base of
-    # 1e-300: inv_freq past float32, and 0 * inf at position 0; yarn's mscale
-    # of 1e308: an attention factor past float32): the largest angle, formed
-    # as the table forms it, and the attention factor in float32 (as the
-    # table multiplies by it) must be finite; so is then every entry.
+    # Values each in range can still overflow the table (a base of 1e-300, yarn's mscale of 1e308): the largest angle
+    # and the attention factor, formed in float32 as the table forms them, must be finite; then so is every entry.
     inv = inv.float()
     last = torch.tensor(float(max_position - 1), dtype=torch.float32) * inv.max()
     if not (bool(torch.isfinite(last)) and bool(torch.isfinite(torch.tensor(attention, dtype=torch.float32)))):

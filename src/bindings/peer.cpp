@@ -1,19 +1,6 @@
-// Internal bindings of the Ulysses layer's copy-engine transport
-// (docs/contract.md, attnprep/_peer.py): peer access between two GPUs of one
-// process; a device buffer exported to and opened in other processes through
-// CUDA IPC; asynchronous 2-D copies between device addresses; and the stream
-// memory operations (wait for / write a 32-bit flag) that order one rank's
-// copies with another rank's reads. All of it runs on torch's current stream
-// without a kernel: the copies on the GPU's copy engines, the flag
-// operations in the stream's front end. So none of it waits for a
-// multiprocessor while attention occupies them all, and all of it is
-// captured into CUDA graphs (memcpy and memory-operation nodes).
-//
-// A peer's buffer is opened with the *sending* GPU current. Opened with the
-// buffer's own GPU current (what torch.multiprocessing's rebuild does), the
-// mapping lives in that GPU's context and a copy from the sender's stream is
-// staged by the driver: 33 GB/s on two NVLinked H200s, against 389 GB/s when
-// opened in the sender's context.
+// Bindings of the copy-engine transport (attnprep/_peer.py): peer access, CUDA IPC buffers, 2-D async copies and
+// stream memory operations on torch's stream, no kernel (capturable; never waiting for SMs). A peer's buffer is opened
+// with the sending GPU current: opened in its own context, copies were staged by the driver (33 vs 389 GB/s).
 #include <nanobind/stl/pair.h>
 
 #include <cstdint>

@@ -103,11 +103,8 @@ Imported import_and_check(Import import, nb::handle q, nb::handle k, nb::handle 
   return in;
 }
 
-// Validates, allocates q_rot/k_rot (unless inplace) and launches; returns
-// (q_rot, k_rot, k_pool, v_pool) with the pools being the caller's objects.
-// Returns None for MPS tensors, before the checks: their kernel is registered
-// with torch for the MPS device (python/attnprep/metal.py), which runs the
-// same checks, and the caller dispatches there.
+// Validates, allocates q_rot/k_rot (unless inplace) and launches; returns (q_rot, k_rot, k_pool, v_pool). Returns None
+// for MPS tensors before the checks: their torch-registered kernel (python/attnprep/metal.py) runs the same checks.
 nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                            nb::handle k_pool, nb::handle v_pool, nb::handle head_dim, nb::handle num_qo_heads,
                            nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,

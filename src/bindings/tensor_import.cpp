@@ -139,11 +139,8 @@ core::DType to_dtype(uint8_t code, uint8_t bits, uint16_t lanes) {
   }
 }
 
-// Whether an output of dtype `d` is allocated from DLPack's description: not
-// for torch.int1 ... torch.uint7 (8-bit integers to DLPack, so torch would
-// make int8 / uint8), nor for the rare float4_e2m1fn_x2 (two lanes, which
-// the exchange table's allocator is not relied on to take): torch.empty
-// makes those.
+// Whether an output of dtype `d` is allocated from DLPack's description: not torch.int1 ... torch.uint7 (8-bit
+// integers to DLPack) nor float4_e2m1fn_x2 (two lanes); torch.empty makes those.
 bool dlpack_describes(core::DType d) {
   return !(d >= core::DType::Int1 && d <= core::DType::UInt7) && d != core::DType::Float4E2M1FNx2;
 }
@@ -186,11 +183,8 @@ bool is_meta(nb::handle obj) {
   return nb::isinstance<nb::str>(type) && nb::cast<std::string>(type) == "meta";
 }
 
-// A tensor that is not one strided block of memory (sparse, nested, mkldnn)
-// has no DLPack description; torch's refusal then reads as an internal error
-// ("doesn't have storage"), so the layout is named instead. Called after a
-// refusal (a plain tensor's call pays nothing for it) and on the metadata
-// path, whose callers are not per-call hot paths.
+// A tensor that is not one strided block of memory (sparse, nested, mkldnn) has no DLPack description and torch's
+// refusal reads as an internal error, so its layout is named; called only after a refusal and on the metadata path.
 void require_strided(nb::handle obj, const char* what) {
   std::string layout;
   if (nb::cast<bool>(nb::getattr(obj, "is_nested", nb::bool_(false))))

@@ -1,12 +1,6 @@
-// How a torch tensor becomes a core::TensorArg, how a kernel finds torch's
-// current stream, and how outputs come from torch's allocator, all without
-// linking libtorch.
-//
-// Fast path (torch >= 2.10): the C-level DLPack exchange table that torch
-// publishes as `torch.Tensor.__dlpack_c_exchange_api__`; a tensor is viewed
-// in about 0.1 us with no synchronisation, which also keeps CUDA-graph
-// capture intact. Fallback: nanobind's ndarray import (`__dlpack__`, a few us
-// per tensor) plus a call to torch for the stream and for allocation.
+// torch tensor -> core::TensorArg, torch's current stream and torch-allocated outputs, without linking libtorch:
+// through torch's C-level DLPack exchange table (torch >= 2.10, ~0.1 us a tensor, capture-safe), else `__dlpack__` plus
+// calls to torch for the stream and allocation.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -43,10 +37,8 @@ ImportedTensor import_tensor(nb::handle obj, const char* what);
 // where tensors are FakeTensors with no data.
 ImportedTensor import_metadata(nb::handle obj, const char* what);
 
-// `obj` as a Python int (anything with __index__, bool excluded). TypeError
-// "{op}: {name} must be an int, got {type}" otherwise. A value outside int64
-// becomes `past_int64` when given, else saturates; either way the op's range
-// check rejects it with its own message, in its turn among the checks.
+// `obj` as a Python int (an __index__ but not a bool), else TypeError "{op}: {name} must be an int, got {type}".
+// Outside int64 it becomes `past_int64` when given, else saturates, so the op's range check refuses it in its turn.
 int64_t int_arg(nb::handle obj, const char* op, const char* name, std::optional<int64_t> past_int64 = std::nullopt);
 // `obj` as a number (int or float). TypeError "{op}: {name} must be a number, got {type}".
 double float_arg(nb::handle obj, const char* op, const char* name);

@@ -1,24 +1,6 @@
-// sin and cos of a float32 rotary angle: below 2^52 each within 0.501
-// float32 ulp of the true value (a double rounded once; docs/contract.md),
-// a few float32 ulp at 2^52 and beyond on the device (see below).
-//
-// Why not CUDA's sincosf: above |angle| = 105615 it switches to a Payne-Hanek
-// reduction that walks a table through local memory, and rotary angles reach
-// that as soon as a position passes ~1e5. In a kernel where one block builds a
-// token's cos/sin table before any of its threads may go on, that one slow
-// thread delays the whole block.
-//
-// Here the angle, exact in double, is reduced by k * pi/2 with pi/2 split in
-// three doubles and fused multiply-adds: the remainder is off by about 1e-16
-// for |angle| < 2^52, whatever k. sin and cos of the remainder (|r| <= pi/4
-// plus a rounding) come from Taylor polynomials in double, truncated where the
-// next term is below 2e-14 relative, and are rounded once to float32. Angles
-// of 2^52 and beyond (positions far past any model) and NaN/inf take a library
-// function: CUDA's sincosf on the device (a few ulp there; the double sin/cos
-// would cost the kernel registers and spills), double sin/cos on the host.
-//
-// Below 2^52 host and device run the same arithmetic (explicit fma, no
-// contraction dependence), so ctest checks the function the GPU runs.
+// sin/cos of a float32 rotary angle within 0.501 float32 ulp below 2^52 (a Cody-Waite reduction in double and
+// Taylor polynomials, rounded once): CUDA's sincosf falls into a slow Payne-Hanek path past |angle| 105615, which
+// positions past ~1e5 reach. Host and device run the same arithmetic, so ctest checks what the GPU runs.
 #pragma once
 
 #include <cmath>
@@ -67,11 +49,8 @@ ATTNPREP_HD void angle_sincos(float angle, float* sin_out, float* cos_out) {
   pc = ::fma(pc, r2, -0.5);               // -1/2!
   const double c = ::fma(pc, r2, 1.0);
 
-  // angle = k pi/2 + r: rotate (sin r, cos r) by the quadrant k mod 4 --
-  // (s, c), (c, -s), (-s, -c), (-c, s) -- with selects, not a branch per
-  // quadrant: a warp's lanes hold angles in every quadrant, and branches
-  // would run the four cases (and their conversions) one after another.
-  // Rounding to float32 is symmetric, so negating after it is exact.
+  // angle = k pi/2 + r: (sin r, cos r) rotated by the quadrant with selects, not branches (a warp's lanes hold every
+  // quadrant, and branches would run the four cases in turn). Rounding is symmetric, so negating after it is exact.
   const int quadrant = static_cast<int>(static_cast<int64_t>(k) & 3);
   const float fs = static_cast<float>(s), fc = static_cast<float>(c);
   const float so = quadrant & 1 ? fc : fs, co = quadrant & 1 ? fs : fc;

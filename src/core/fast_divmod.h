@@ -1,8 +1,5 @@
-// Division by a run-time constant with a multiply and a shift (Granlund and
-// Montgomery, "Division by invariant integers using multiplication", 1994).
-// The copy kernels split a flat index into up to five coordinates per element;
-// hardware integer division would cost more than the memory access itself.
-// Valid for dividend and divisor below 2^31, which the plans guarantee.
+// Division by a run-time constant with a multiply and a shift (Granlund and Montgomery, 1994): hardware division
+// would cost more than the copy kernels' memory access. Valid for dividend and divisor below 2^31 (the plans').
 #pragma once
 
 #include <cstdint>

@@ -1,18 +1,6 @@
-// x / scale as the fp8 pools store it (docs/contract.md: the float32 IEEE
-// quotient, then rounded to fp8), without a division per value. An IEEE
-// division is about ten instructions and a slow-path branch; the rope kernel
-// runs out of issue slots before it runs out of memory bandwidth with one per
-// value. Instead, once per scale, its correctly rounded reciprocal r; per
-// value, q = x r corrected once by the exact remainder (Markstein's
-// correction): q + (x - q scale) r, three instructions.
-//
-// That is the correctly rounded quotient whenever the remainder x - q scale
-// is exact in float32, which holds unless it underflows. For scales in
-// [2^-64, 2^64] the remainder can underflow only when |x| is below 2^-100 and
-// the quotient below 2^-30; the two results then differ by at most one unit in
-// the last place and round to the same signed fp8 zero (tests/cpp/test_fp8_quotient.cpp
-// checks both claims). Other scales (zero, negative, subnormal, huge, NaN)
-// take the IEEE division.
+// x / scale as the fp8 pools store it (the IEEE quotient) without a division per value, which would make the rope
+// kernel issue-bound: a correctly rounded reciprocal once per scale, then Markstein's correction per value. Exact for
+// scales in [2^-64, 2^64] (tests/cpp/test_fp8_quotient.cpp); other scales take the IEEE division.
 #pragma once
 
 #include <cmath>

@@ -1,18 +1,14 @@
-// Memory-overlap tests on the bytes tensors address, for the checks that keep
-// a kernel from racing with itself: an output that overlaps an input or
-// another output, or an output view that addresses one element twice. Host
-// arithmetic on addresses, shapes and strides only; nothing touches the device.
+// Memory-overlap tests on the bytes tensors address, so that no kernel races with itself (an output over an input
+// or another output, or a view addressing one element twice); host arithmetic only.
 #pragma once
 
 #include "core/tensor.h"
 
 namespace attnprep::core {
 
-// Whether some byte addressed by `a` is also addressed by `b`. Exact for views
-// of one buffer whose dimensions nest (slices, `split`s of a fused projection,
-// the k and v halves of one combined cache); where the search would grow past
-// a small budget it answers true, so a caller that refuses on true never races.
-// False when either tensor is empty or has no address (meta, fake).
+// Whether a byte addressed by `a` is also addressed by `b`: exact for views of one buffer whose dimensions nest,
+// true where the search would pass a small budget (a caller refusing on true never races), false when either is
+// empty or has no address.
 bool may_overlap(const TensorArg& a, const TensorArg& b);
 
 // Whether two different elements of `t` share a byte (a stride of 0, or

@@ -68,10 +68,8 @@ StridedCopyPlan plan_pack_qkv(const PackQkvShape& s, const TensorArg& q, const T
     CopyJob& job = jobs[j];
     job.src = t.data;
     job.dst = static_cast<unsigned char*>(out.data) + j * s.head_size * es;
-    // output coordinates (d, r, h) -> source row r, head d * local_heads + h,
-    // walked in output order, so that consecutive blocks write consecutive
-    // output bytes (walking in source order keeps reads sequential instead,
-    // and DRAM serves scattered reads better than scattered writes)
+    // output (d, r, h) -> source row r, head d * local_heads + h, walked in output order: DRAM serves scattered reads
+    // better than scattered writes.
     const int64_t dims[kCopyDims] = {1, s.world_size, s.rows, s.local_heads};
     const int64_t src_stride[kCopyDims] = {0, s.local_heads * t.byte_stride(1), t.byte_stride(0), t.byte_stride(1)};
     const int64_t dst_stride[kCopyDims] = {0, s.rows * s.local_heads * out_row, s.local_heads * out_row, out_row};

@@ -32,23 +32,9 @@ void check_pack_qkv_output_size(const PackQkvShape& shape);
 StridedCopyPlan plan_pack_qkv(const PackQkvShape& shape, const TensorArg& q, const TensorArg& k, const TensorArg& v,
                               const TensorArg& out);
 
-// A pack of 16-byte rows and strides, under 2^31 vectors, walked as one flat
-// run of vectors with one vector per thread (one launch; a small call alone
-// costs less than the engine's three jobs over a 4-D index, and a large one
-// runs at the copy ceiling: docs/performance-notes.md, copy engine). Vector
-// i of the walk is vector i % seg of segment (i / seg) % 3 (q, k or v) of
-// head h of (destination d, token row r), i / (3 * seg) = t * local + h:
-//   - a small pack (pack_flat_walks_inputs false) walks the output in order,
-//     t = d * rows + r, and vector i is output vector i;
-//   - a large one walks the inputs in order, t = r * world + d (q | k | v of
-//     each global head of each token row in turn, as Inductor's kernel for
-//     the same pack does), and stores each vector at its output place.
-// 112 bytes: the kernel's parameters on two 64-byte lines of the parameter
-// bank (which starts 16 bytes into a line and is cold at each launch). The
-// divisors fill the first line, the count (read at entry, with them) opens
-// the second, so both lines are asked for at once; the reads indexed by
-// q/k/v that follow the divisions then hit the second line, instead of
-// waiting for a line of their own.
+// A pack of 16-byte rows and strides under 2^31 vectors as one flat run, one vector per thread: small packs walk
+// the output in order, large ones the inputs (as Inductor's kernel does). 112 bytes on two 64-byte lines of the
+// parameter bank, the divisors and the count read together at entry (one cold line each, asked for at once).
 struct PackFlatPlan {
   // 3 * seg, seg, local heads; then rows (output order) or world (input order)
   FastDivmod by_row3, by_seg, by_local, by_inner;
@@ -88,15 +74,9 @@ ATTNPREP_HD void pack_flat_step(const PackFlatPlan& p, uint32_t i, int& which, i
   to = kInputOrder ? ((d * static_cast<uint32_t>(p.rows) + r) * p.by_local.divisor + h) * p.by_row3.divisor + c : i;
 }
 
-// Internal variant for the Ulysses layer (grouped-query attention, and MHA
-// when the exchange is chunked): q has `heads` heads, k and v `kv_heads`.
-// Output [chunks, world_size, rows, (chunk_q + 2 * chunk_kv) * head_size]:
-// chunk c of destination d holds that destination's local q heads
-// [c * chunk_q, (c + 1) * chunk_q), then the kv heads they use, then the same
-// v heads, so that each chunk is one contiguous send buffer. When kv_heads <
-// world_size each destination gets the one kv head its q heads use
-// (replicated, and repeated in every chunk). One chunk is the layer's
-// unchunked layout.
+// The Ulysses layer's grouped pack (GQA, and chunked MHA): [chunks, world_size, rows, (chunk_q + 2 * chunk_kv) * D],
+// chunk c of destination d its q heads, then the kv heads they use, then the same v heads (one contiguous send
+// buffer per chunk; kv_heads < world_size: the one kv head, replicated).
 struct PackGqaShape {
   int64_t world_size, rows, heads, kv_heads, head_size, local_q, local_kv, chunks, chunk_q, chunk_kv;
   int64_t out_shape[4];

@@ -300,11 +300,8 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   // halves; GPT-J: width/2 adjacent pairs, at least one) + passed-through groups.
   const int64_t rot_items = a.is_neox ? half / p.width : a.rot() / (p.width == 1 ? 2 : p.width);
   p.qk_items_per_head = static_cast<ap_i32>(rot_items + (a.head_dim - a.rot()) / p.width);
-  // Items of a v head: two groups half a head apart (the size of a NeoX q/k
-  // item), one group when the head has an odd number of groups, so that q, k
-  // and v items move the same bytes and rounds come out whole: 32/8 heads at
-  // head_dim 128 become 384 items per token, three whole rounds of 128
-  // threads instead of 3.5.
+  // Items of a v head: two groups half a head apart (a NeoX q/k item's size), so that q, k and v items move the same
+  // bytes and rounds come out whole (32/8 heads at head_dim 128: three rounds of 128 threads, not 3.5).
   const RopeNormSplit split = plan_rope_norm_split(a.head_dim, p.width);
   p.norm_lanes = split.lanes;
   p.norm_per_lane = split.per_lane;

@@ -69,10 +69,8 @@ int32_t pool_fp8_kind(DType pool_dtype);
 // double precision and rounded once, as docs/contract.md defines it.
 std::vector<float> rope_inv_freq(double base, int64_t rotary_dim);
 
-// Kernel parameters for checked arguments and the outputs q_rot/k_rot (the
-// inputs themselves when inplace). `vector_bytes` is the widest access the
-// backend issues (16 on CUDA and Metal); the plan drops to one element per
-// access when an address, a stride or a size does not allow it.
+// Kernel parameters for checked arguments and the outputs (the inputs when inplace). `vector_bytes`: the widest
+// access of the backend (16 on CUDA and Metal); the plan drops to single elements where alignment does not allow it.
 RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_rot, const TensorArg& k_rot,
                                      int vector_bytes = 16);
 
@@ -100,22 +98,16 @@ inline bool rope_norm_stage(int64_t blocks, int32_t multiprocessors) {
   return multiprocessors > 0 && blocks <= int64_t{RopeCudaPolicy::norm_stage_max_blocks_per_sm} * multiprocessors;
 }
 
-// Whether one-round QK-norm blocks computing cos/sin have a table warp
-// (RopeCudaPolicy::table_warp_threads): where their blocks fit in one wave.
-// Past that the extra warp costs blocks per multiprocessor, and calls of one
-// wave of 128-thread blocks took a second wave (64/8 heads at T = 256: 3.7
-// against 4.8 us replayed). multiprocessors <= 0 (unknown): no.
+// Whether one-round QK-norm blocks computing cos/sin have a table warp: only where the blocks fit in one wave (past
+// it the extra warp cost a second wave: 64/8 heads at T = 256, 3.7 vs 4.8 us replayed). Unknown SM count: no.
 inline bool rope_table_warp(int64_t blocks, int32_t multiprocessors, bool fp8) {
   const int64_t per_sm =
       fp8 ? RopeCudaPolicy::norm_table_warp_fp8_min_blocks_per_sm : RopeCudaPolicy::norm_table_warp_min_blocks_per_sm;
   return multiprocessors > 0 && blocks <= per_sm * multiprocessors;
 }
 
-// The QK-norm kernel's split of one head: `lanes` lanes (a power of two, at
-// most 32, so a head's lanes are an aligned part of one warp), each holding
-// `per_lane` contiguous elements of the head padded to a power of two. The
-// pairwise sum of squares is then a sum within each lane and a butterfly
-// across lanes, the same tree whatever the split.
+// The QK-norm kernel's split of one head: `lanes` lanes (a power of two <= 32, within one warp), `per_lane` contiguous
+// elements each, so the pairwise sum of squares is a sum in the lane and a butterfly across lanes, one tree.
 struct RopeNormSplit {
   int32_t lanes, per_lane;
 };
@@ -128,11 +120,8 @@ inline RopeNormSplit plan_rope_norm_split(int64_t head_dim, int32_t width) {
   return {padded / per_lane, per_lane};
 }
 
-// Whether the rotation kernel does the QK norm itself: its items then hold
-// whole blocks of the pairwise sum (16-byte groups, rotary_dim == head_dim,
-// head_dim a power of two: a NeoX item's two groups are blocks of the two
-// halves, a GPT-J item's group one block) and a head's items are a power of
-// two, at most a warp. Otherwise the general QK-norm kernel runs.
+// Whether the rotation kernel does the QK norm itself: its items must be whole blocks of the pairwise sum (16-byte
+// groups, full rotary, head_dim a power of two) and a head's items a power of two within a warp.
 inline bool rope_norm_in_rotation_kernel(const RopePoolParams& p) {
   const int32_t items = p.qk_items_per_head;
   return p.width > 1 && p.rotary_dim == p.head_dim && (p.head_dim & (p.head_dim - 1)) == 0 && items <= 32 &&
@@ -146,12 +135,9 @@ inline bool rope_neox_full(const RopePoolParams& p, int32_t vector) {
   return p.is_neox && p.rotary_dim == p.head_dim && p.width == vector && 2 * p.v_items_per_head * vector == p.head_dim;
 }
 
-// The items of a token that each of its `splits` blocks serves (block b:
-// [b * n, min(n_all, (b + 1) * n))): an even share, rounded up to whole
-// heads of `lanes` items when the rotation kernel does the QK norm (1
-// otherwise), so that a head's items are lanes of one warp in one round.
-// (Unsigned arithmetic: the counts are never negative, and a signed division
-// costs the kernel registers.)
+// The items of a token each of its `splits` blocks serves: an even share, rounded up to whole heads of `lanes`
+// items when the rotation kernel does the QK norm, so a head's items are lanes of one warp in one round (unsigned:
+// a signed division costs the kernel registers).
 ATTNPREP_HD int rope_items_per_block(int n_all, int splits, int lanes) {
   const uint32_t share =
       (static_cast<uint32_t>(n_all) + static_cast<uint32_t>(splits) - 1u) / static_cast<uint32_t>(splits);
@@ -159,11 +145,8 @@ ATTNPREP_HD int rope_items_per_block(int n_all, int splits, int lanes) {
   return static_cast<int>((share + whole - 1u) / whole * whole);
 }
 
-// The CUDA kernels' divisors, planned on the host for one launch: the
-// kernels divide per work item (item -> head and part, slot -> page and
-// offset) and a hardware division by a run-time value is about twenty
-// instructions; with the QK norm the rotation kernel is bound by instruction
-// issue. `items_per_block`: rope_items_per_block for the launch's splits.
+// The CUDA kernels' divisors, planned on the host per launch: a hardware division by a run-time value is ~20
+// instructions and the rotation kernel with the QK norm is issue-bound.
 struct RopeCudaIndex {
   FastDivmod qk_items;  // by qk_items_per_head (items < 2^30)
   FastDivmod v_items;   // by v_items_per_head
@@ -186,16 +169,9 @@ inline RopeCudaIndex plan_rope_cuda_index(const RopePoolParams& p, int64_t split
   return ix;
 }
 
-// A call whose blocks walk several rounds (a block per token) and are more
-// than the multiprocessors hold at once ends with a last wave of whole-token
-// blocks, each a token's whole latency, while fewer and fewer run beside
-// them. Its last tokens go instead in one-round slices (one block per round,
-// last in blockIdx order, so dispatched last): as many as fill the resident
-// blocks once, at most the tokens past the first wave. Returns the number of
-// blocks to launch (the grid's x) and fills `ix`'s tail fields; no tail
-// (returns num_tokens) for one-round tokens, calls within one wave, and
-// `resident_blocks` <= 0 (unknown). tail_share > 1 divides the tail's tokens
-// by it.
+// A call of several-round blocks past one wave would end with a wave of whole tokens running ever fewer side by
+// side; its last tokens go in one-round slices instead, dispatched last. Returns the grid's x and fills `ix`'s tail
+// (none for one-round tokens, calls within one wave, or an unknown resident count); tail_share > 1 divides it.
 inline int64_t plan_rope_cuda_tail(RopeCudaIndex& ix, int64_t items, int64_t num_tokens, int32_t threads, int lanes,
                                    int64_t resident_blocks, int64_t tail_share = 1) {
   const int64_t rounds = (items + threads - 1) / threads;
@@ -230,15 +206,9 @@ inline int64_t rope_norm_lanes_per_token(const RopePoolParams& p) {
   return static_cast<int64_t>(p.num_qo_heads + 2 * p.num_kv_heads) * p.norm_lanes;
 }
 
-// How the CUDA kernel is launched. A block serves one token (or a slice of
-// one) and walks its work items in rounds of one item per thread; the block
-// is the fewest whole warps, at most max_threads, that cover the items in the
-// fewest rounds, so no round leaves most of a block idle (448 items at 128:
-// 4 rounds of 112 -> 128 threads). Below split_below tokens each token is
-// spread over `splits` blocks, one round each. (The kernel loops when a
-// block's slice is longer than one round, so any split count is correct.)
-// `several_rounds`: a block walks more than one round, so the kernel that
-// asks L2 for each thread's next item ahead is worth launching.
+// How the CUDA kernel is launched: a block per token (or slice), the fewest whole warps covering its items in the
+// fewest rounds (448 items: 4 rounds of 128 threads), tokens spread over `splits` one-round blocks below split_below;
+// `several_rounds` selects the kernel that asks L2 for each thread's next item.
 struct RopeCudaLaunch {
   int32_t threads;
   int64_t splits;

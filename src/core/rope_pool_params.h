@@ -1,7 +1,5 @@
-// The parameter block of the fused RoPE + KV-pool kernels, shared verbatim by
-// the C++ host code, the CUDA kernel and the Metal kernel (it is included by
-// src/metal/rope_pool.metal). Fixed-width fields only, laid out so that C++
-// and Metal agree byte for byte; the static_asserts below pin that layout.
+// The parameter block of the rope kernels, shared verbatim by the host, the CUDA and the Metal kernel: fixed-width
+// fields only, so C++ and Metal agree byte for byte (the static_asserts below pin the layout).
 #pragma once
 
 #if defined(__METAL_VERSION__)
@@ -17,10 +15,8 @@ typedef int32_t ap_i32;
 
 #define ATTNPREP_ROPE_MAX_HALF 256  // rotary_dim / 2 at most (head_dim <= 512)
 
-// Strides are in elements. "qo"/"ko" are the outputs q_rot/k_rot (equal to q/k
-// when inplace). A pool row lives at page * stride_page + offset *
-// stride_offset + head * stride_head, for slot = page * page_size + offset (a
-// flat [slots, heads, D] pool is page_size 1, stride_offset 0).
+// Strides in elements; "qo"/"ko" are q_rot/k_rot. A pool row is at page * stride_page + offset * stride_offset +
+// head * stride_head for slot = page * page_size + offset (a flat pool: page_size 1, stride_offset 0).
 struct RopePoolParams {
   ap_i64 num_tokens;
   ap_i64 pool_size;  // slots: pages * page_size

@@ -1,9 +1,5 @@
-// A launch plan for "gather rows": the engine behind the layout ops
-// (pack_qkv_destination_major, usp_merge_heads and the GQA pack of the
-// Ulysses layer). Each job copies a 4-D grid of rows from a strided source to
-// a strided destination; a row is `row_bytes` contiguous bytes at the
-// destination and evenly strided at the source. The copy is byte-exact, so
-// the element type does not matter beyond its size.
+// A launch plan for "gather rows", the engine of the layout ops: each job copies a 4-D grid of rows (`row_bytes`
+// contiguous at the destination, evenly strided at the source). Byte-exact, so only the element size matters.
 #pragma once
 
 #include <cstdint>
@@ -87,12 +83,8 @@ ATTNPREP_HD void copy_offsets(const CopyJobPlan& job, int64_t idx, int64_t vec_b
 // width. Jobs with no rows are kept (they copy nothing).
 StridedCopyPlan plan_strided_copy(const CopyJob* jobs, int njobs);
 
-// How the CUDA kernel is launched for a plan. A large copy's blocks
-// alternate between jobs along x (block b serves job b % njobs, chunk b /
-// njobs): the jobs of one op write interleaved parts of the same output rows,
-// and running them side by side keeps DRAM writes to whole rows. A small
-// copy's blocks, all resident at once, take their job from y, so that each
-// block's first parameter reads wait for no earlier one.
+// A large copy's blocks alternate between jobs (block b: job b % njobs) so that DRAM writes stay whole rows of the
+// shared output; a small copy's blocks take their job from y, so no block's first parameter read waits for another.
 struct CopyCudaLaunch {
   bool small = false;
   int32_t threads = 0;

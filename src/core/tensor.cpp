@@ -60,10 +60,8 @@ static_assert(sizeof(kDTypeNames) / sizeof(kDTypeNames[0]) == static_cast<size_t
               "a name for every DType but Other");
 constexpr size_t kKnown = static_cast<size_t>(DType::Other);
 
-// The names of dtypes newer than this build (a newer torch's), in the order
-// first met: DType values past Other, so each prints as torch names it and
-// no two compare equal. A deque keeps the names where dtype_name returned
-// them. Bounded, although torch has only so many dtypes.
+// Names of dtypes newer than this build, in the order first met (values past Other): each prints as torch names it
+// and no two compare equal. A deque keeps returned names valid; bounded.
 constexpr size_t kMaxNewer = 1024;
 std::mutex newer_mutex;
 std::deque<std::string>& newer_names() {

@@ -19,12 +19,8 @@ struct Device {
   bool operator!=(const Device& o) const { return !(*this == o); }
 };
 
-// Every dtype of torch a tensor argument can have, so that a message names it
-// as torch does and two different ones never compare equal (torch.int4 and
-// torch.int8 are both 8-bit integers to DLPack). A dtype newer than this
-// build gets a value past `Other` from dtype_from_name (its name, as torch
-// prints it, kept for the process); `Other` is one whose name nobody gave:
-// it prints as "unknown dtype". Byte sizes are kept separately.
+// Every torch dtype, so that a message names it as torch does and two never compare equal (torch.int4 and int8 are
+// both 8-bit integers to DLPack); a newer one gets a value past `Other` with its name. Byte sizes are kept apart.
 enum class DType : int32_t {
   Float16,
   BFloat16,
@@ -104,10 +100,8 @@ struct TensorArg {
   // rank must never index past the arrays.
   int64_t size(int d) const { return at(shape, d); }
   int64_t stride(int d) const { return at(strides, d); }
-  // Bytes from one index of dimension d to the next; 0 where d has at most
-  // one index or the tensor no elements: such a stride never meets an index
-  // but 0, torch lets it be any value (2^62 after an as_strided), and the
-  // plans must not multiply it out.
+  // Bytes between consecutive indices of dimension d; 0 where d has at most one index or the tensor no elements (torch
+  // lets such a stride be anything, 2^62 after as_strided, and the plans must not multiply it out).
   int64_t byte_stride(int d) const { return size(d) > 1 && numel() > 0 ? stride(d) * itemsize : 0; }
   int64_t numel() const;
   bool is_contiguous() const;  // torch's rule: size-1 dims may have any stride
@@ -121,10 +115,8 @@ struct TensorArg {
   }
 };
 
-// Whether a contiguous tensor of these sizes (each >= 0) and element size
-// spans at most 2^63 - 1 bytes, a size of 0 counted as 1: what torch needs to
-// give an output strides and a storage size. Outputs of expanded (stride 0)
-// or empty inputs can fail it.
+// Whether a contiguous tensor of these sizes spans at most 2^63 - 1 bytes (a size of 0 counted as 1), as torch needs
+// for an output; outputs of expanded or empty inputs can fail it.
 bool fits_int64_bytes(std::initializer_list<int64_t> sizes, int64_t itemsize);
 
 // Renders a shape as torch prints it: "torch.Size([4, 8, 64])".

@@ -1,12 +1,6 @@
-// The fp8 wire format of the Ulysses exchange (docs/contract.md): each
-// (destination, row) message is one byte row of n blocks' fp8 values, their
-// n float32 scales, then zero padding to a multiple of 16 bytes.
-//
-// The kernels reuse the layout ops' copy plans (core/strided_copy.h) written
-// for the plain layout, the bf16 (or fp16, fp32) buffer the exchange would
-// send without fp8: a plan's offsets on the plain side are mapped to wire
-// offsets here, so packing, merging and every head geometry come from the
-// planners that already do them for the plain exchange.
+// The fp8 wire format of the Ulysses exchange (docs/contract.md): per (destination, row) the n blocks' fp8 values,
+// their n float32 scales, zero padding to 16 bytes. The kernels reuse the plain exchange's copy plans with their
+// plain-side offsets mapped to wire offsets, so every head geometry comes from the same planners.
 #pragma once
 
 #include <cstdint>
@@ -58,10 +52,8 @@ struct WirePlan {
   bool quantize = true;  // plain -> wire; false: wire -> plain
 };
 
-// Whether the kernels take these tensors: head_size * itemsize a power of two
-// from 32 to 1024 bytes (one to 32 lanes of 32 bytes per block, which reduce
-// its scale with warp shuffles), a float16/bfloat16/float32 plain side, a copy plan of 16-byte
-// vectors on the 32-bit index path, and fewer than 2^31 plain blocks.
+// Whether the kernels take these tensors: head_size * itemsize a power of two from 32 to 1024 bytes (a block's scale
+// reduced by warp shuffles), a 16/32-bit float plain side, 16-byte vectors, fewer than 2^31 plain blocks.
 bool wire_kernel_applies(const StridedCopyPlan& plan, DType dtype, int64_t itemsize, int64_t head_size,
                          int64_t plain_blocks);
 

@@ -58,10 +58,8 @@ inline uint16_t float_to_half(float f) {
   return sign | static_cast<uint16_t>(r >> 13);
 }
 
-// float8 formats of the KV pools: 1 = e4m3fn (bias 7, no infinities, largest
-// finite 448), 2 = e5m2 (bias 15, largest finite 57344). Nearest, ties to an
-// even mantissa; magnitudes past the largest finite value (infinities too)
-// saturate to it; NaN stays NaN.
+// float8 formats of the pools: 1 = e4m3fn (largest finite 448), 2 = e5m2 (57344). Nearest, ties to even;
+// magnitudes past the largest finite value saturate to it; NaN stays NaN.
 inline uint8_t float_to_fp8(float x, int kind) {
   const int mbits = kind == 1 ? 3 : 2, bias = kind == 1 ? 7 : 15;
   const uint8_t max_code = kind == 1 ? 0x7e : 0x7b, nan_code = kind == 1 ? 0x7f : 0x7f;

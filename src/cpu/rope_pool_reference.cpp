@@ -63,11 +63,8 @@ float round_to(core::DType dt, float x) {
 std::vector<float> rms_norm_head(const std::vector<float>& x, const core::TensorArg& weight, core::DType dt, double eps,
                                  double offset) {
   const size_t n = x.size();
-  // Pairwise sum of squares over n padded with zeros to a power of two:
-  // adjacent pairs, then adjacent pair sums, ... (docs/contract.md). A
-  // binary counter keeps one partial sum per completed power-of-two block;
-  // the zeros of the padding add nothing, so the leftover blocks are summed
-  // from the smallest up, as the padded tree sums them.
+  // Pairwise sum of squares over n padded with zeros to a power of two (docs/contract.md): a binary counter keeps one
+  // partial sum per completed block, and the leftover blocks add up from the smallest, as the padded tree sums them.
   float stack[16];
   int depth = 0;
   for (size_t d = 0; d < n; ++d) {

@@ -1,7 +1,5 @@
-// CPU reference of rope_pool_fused, straight from docs/contract.md: correctly
-// rounded float32 inv_freq, float32 angle, then cos/sin and the rotation in
-// float64 (of the QK-normalized heads, normalized in float32 exactly as the
-// contract spells it out). The oracle of the C++ tests and of the Metal emulation.
+// CPU reference of rope_pool_fused, straight from docs/contract.md (float32 inv_freq and angle, cos/sin and the
+// rotation in float64, the QK norm in float32 as specified): the oracle of the C++ tests and the Metal emulation.
 #pragma once
 
 #include <cstdint>

@@ -6,10 +6,8 @@
 
 namespace attnprep::cuda {
 
-// A read-only load of V; with kEvictLast a 16-byte load carries an L2
-// evict-last cache policy, so that a large copy's freshly written output
-// lines, not the lines being read, are what L2 evicts first
-// (CopyCudaPolicy::large_loads_evict_last).
+// A read-only load of V; with kEvictLast an L2 evict-last policy, so that L2 evicts a large copy's written lines
+// first (CopyCudaPolicy::large_loads_evict_last).
 template <typename V, bool kEvictLast>
 __device__ __forceinline__ V load(const V* p) {
   if constexpr (kEvictLast && sizeof(V) == 16) {

@@ -27,10 +27,8 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-// Two adjacent elements (e[0], e[1]) to float32 and back, through their
-// 32-bit word: one instruction per element for bfloat16 (shift or mask) and
-// one conversion for the pair on the way back, against two each when the
-// elements are converted one at a time.
+// Two adjacent elements to float32 and back through their 32-bit word: one instruction per bfloat16 element and one
+// conversion per pair back, against two each one at a time.
 __device__ __forceinline__ float2 to_float2(const float* e) { return make_float2(e[0], e[1]); }
 __device__ __forceinline__ float2 to_float2(const __half* e) {
   return __half22float2(*reinterpret_cast<const __half2*>(e));

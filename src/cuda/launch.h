@@ -1,20 +1,6 @@
-// How this library's kernels are launched: with programmatic dependent launch
-// (PDL) on GPUs that have it (compute capability 9.0 and up), so that a
-// kernel's launch overlaps the end of the kernel before it on the stream.
-//
-// The contract, for every kernel launched through launch_kernel():
-//   - it calls wait_for_prior_kernels() before its first global memory access,
-//     read or write: from there on every earlier kernel on the stream has
-//     finished and its writes are visible, exactly as without PDL;
-//   - only parameter arithmetic (and reads of the kernel's own parameters,
-//     which no kernel writes) may come before that call;
-//   - it calls let_next_kernel_start() somewhere, so that the next kernel on
-//     the stream is scheduled before this one ends (without the call it is
-//     scheduled at this kernel's end, as without PDL).
-// A dependent kernel launched with PDL must itself wait before it reads this
-// kernel's outputs (the rule above), and one launched without PDL is ordered
-// as usual. ATTNPREP_PDL=0 in the environment turns PDL off (read once);
-// set_pdl_mode() overrides it for the process (benchmarks compare both).
+// Launch with programmatic dependent launch (sm_90+): every kernel calls wait_for_prior_kernels() before its first
+// global access (only parameter arithmetic before it) and let_next_kernel_start() somewhere, so ordering is as
+// without PDL. ATTNPREP_PDL=0 turns it off (read once); set_pdl_mode() overrides it for the process.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,10 +9,8 @@
 
 namespace attnprep::cuda {
 
-// Lets the next kernel on the stream be scheduled now (it still waits, in
-// its own wait_for_prior_kernels(), for this whole kernel to finish). Where
-// a kernel calls it is a speed choice only; it takes effect once every block
-// of this kernel has called it or exited.
+// Lets the next kernel on the stream be scheduled now (it still waits for this whole kernel in its own
+// wait_for_prior_kernels()); takes effect once every block has called it or exited. Placement is a speed choice.
 __device__ __forceinline__ void let_next_kernel_start() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

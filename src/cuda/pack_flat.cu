@@ -26,15 +26,9 @@ __global__ void __launch_bounds__(kThreads<kInputOrder>)
   // The next kernel on the stream may start placing its work while this one copies.
   if constexpr (kPdl<kInputOrder>) let_next_kernel_start();
   const uint32_t i = blockIdx.x * kThreads<kInputOrder> + threadIdx.x;  // total < 2^31
-  // The source address, with its reads of the parameter bank, is complete
-  // before the wait: with PDL it overlaps the kernel before, instead of
-  // adding parameter-bank round trips to the call's critical path after
-  // it. Computed for every thread (a thread past the end takes the last
-  // vector's), so that the count and the divisors are read together at
-  // entry rather than the divisors behind a bounds test (PackFlatPlan);
-  // inside a branch that is always taken (i < 2^31) and tests no parameter,
-  // which ptxas does not move the reads out of (computed unconditionally,
-  // they sink below the wait).
+  // The source address (its parameter-bank reads) is complete before the wait, so with PDL it overlaps the kernel
+  // before; computed for every thread inside an always-taken branch so that ptxas neither sinks the reads below the
+  // wait nor puts the divisors behind the bounds test.
   const bool has = i < static_cast<uint32_t>(p.total);
   const uint4* src = nullptr;
   uint32_t to = 0;

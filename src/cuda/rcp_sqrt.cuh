@@ -5,15 +5,9 @@
 
 namespace attnprep::cuda {
 
-// RN(1 / RN(sqrt(v))) for every float v. Where v is in [2^-101, FLT_MAX]
-// the root and the reciprocal are the hardware approximations each corrected
-// by fused multiply-adds: the instruction sequences of __fsqrt_rn's and
-// __frcp_rn's common paths. Those intrinsics each check their own range
-// first, the reciprocal's check waiting for the root; here one check of v,
-// made beside the arithmetic, covers both (sqrt(v) is then in
-// [2^-50.5, 2^64), inside the reciprocal's common range), and every other v
-// (denormal, zero, negative, inf, NaN) takes the intrinsics.
-// tests/cpp/test_cuda_rcp_sqrt.cu compares the two for all 2^32 floats.
+// RN(1 / RN(sqrt(v))) for every float: for v in [2^-101, FLT_MAX] the common paths of __fsqrt_rn and __frcp_rn under
+// one range check made beside the arithmetic (the intrinsics each check first, in a chain); every other v takes the
+// intrinsics. tests/cpp/test_cuda_rcp_sqrt.cu compares the two over all 2^32 floats.
 __device__ __forceinline__ float rcp_sqrt_rn(float v) {
   float y, r;
   asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(v));

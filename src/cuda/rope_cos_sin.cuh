@@ -80,14 +80,9 @@ __device__ __forceinline__ void float32_cos_sin(const float* cos, const float* s
   }
 }
 
-// The block's cos/sin table in shared memory (the rotation kernel's, where
-// cos/sin are not read from cos_sin_cache rows): the cosines of frequencies
-// 0 ... rotary_dim / 2 - 1 at [0, kTableSin), their sines from kTableSin, as
-// a cos_sin_cache row is laid out. In the common shape at head_dim 128 a
-// warp's items read eight consecutive frequencies each, at eight offsets: as
-// (cos, sin) pairs side by side each of the four 16-byte reads spanned 512
-// bytes, a 4-way bank conflict (16 shared-memory wavefronts for the warp
-// where 4 carry the bytes, ncu), split each spans 256 bytes (2-way).
+// The block's cos/sin table in shared memory, laid out as a cos_sin_cache row (cosines, then sines from
+// kTableSin): (cos, sin) pairs side by side made each 16-byte read of a warp span 512 bytes, a 4-way bank
+// conflict; split, 256 bytes (2-way).
 constexpr int kTableSin = ATTNPREP_ROPE_MAX_HALF;
 template <int N>
 __device__ __forceinline__ void table_cos_sin(const float* table, int freq, float2 (&r)[N]) {
@@ -97,10 +92,8 @@ __device__ __forceinline__ float2 table_cos_sin(const float* table, int freq) {
   return make_float2(table[freq], table[kTableSin + freq]);
 }
 
-// (cos, sin) of frequencies freq ... freq + N - 1 of a cos_sin_cache row
-// (cos, then sin: the row's first rotary_dim entries), `at` pointing at its
-// entry freq, 16 bytes at a time (float32) or 8 (bfloat16): from global
-// memory (kGlobal, read-only loads) or from a warp's copy in shared memory.
+// (cos, sin) of frequencies freq ... freq + N - 1 of a cos_sin_cache row, `at` at entry freq, 16 bytes at a time
+// (float32) or 8 (bfloat16), from global memory (kGlobal) or a warp's shared-memory copy.
 template <int N, bool kGlobal>
 __device__ __forceinline__ void cos_sin_at(const RopePoolParams& p, const void* at, float2 (&r)[N]) {
   static_assert(N % 4 == 0, "16-byte reads of float32 rows, 8-byte reads of bfloat16 rows");
@@ -123,10 +116,8 @@ __device__ __forceinline__ void cos_sin_at(const RopePoolParams& p, const void* 
   }
 }
 
-// The same straight from the token's row in global memory (p.cache_vector;
-// freq a multiple of N): the values token_cos_sin gives. Each warp then
-// reads its own frequencies and no block-wide table (with its barrier)
-// stands between the position and the first rotation.
+// The same straight from the token's row in global memory (p.cache_vector): each warp reads its own frequencies, so
+// no block-wide table and barrier stand between the position and the first rotation.
 template <int N>
 __device__ __forceinline__ void row_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
                                             bool pos_ok, int freq, float2 (&r)[N]) {
@@ -139,11 +130,8 @@ __device__ __forceinline__ void row_cos_sin(const RopePoolParams& p, const RopeP
   cos_sin_at<N, true>(p, static_cast<const char*>(ptr.cos_sin_cache) + (pos * p.cache_stride + freq) * elem, r);
 }
 
-// Asks L1 for the lines of the token's cos_sin_cache row that row_cos_sin
-// will read for frequencies freq ... (cos and sin), as soon as the position
-// is known: the row of a new position is usually in DRAM, and the read itself
-// comes only after the item's loads (and its norm), so without this its round
-// trip adds to every block's first round, and to the kernel's last wave.
+// Asks L1 for the token's cos_sin_cache row lines as soon as the position is known: a new position's row is usually
+// in DRAM and is read only after the item's loads, so its round trip would add to every block's first round.
 __device__ __forceinline__ void prefetch_row_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
                                                      int freq) {
   const int elem = p.cache_bf16 ? 2 : 4;
@@ -152,10 +140,8 @@ __device__ __forceinline__ void prefetch_row_cos_sin(const RopePoolParams& p, co
   asm volatile("prefetch.global.L1 [%0];\n" ::"l"(row + (p.rotary_dim / 2) * elem));
 }
 
-// Asynchronous copies global -> shared (cp.async, through L1): the bytes
-// land in shared memory without holding registers while they travel; the
-// copying thread may read them after wait_async_copies(), others after a
-// barrier that follows it (warp_rows_ready).
+// Asynchronous copies global -> shared (cp.async): no registers held in flight; readable by the copying thread after
+// wait_async_copies(), by others after a barrier following it (warp_rows_ready).
 __device__ __forceinline__ void copy_async(void* smem, const void* gmem, int bytes) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   if (bytes == 16)
@@ -166,15 +152,9 @@ __device__ __forceinline__ void copy_async(void* smem, const void* gmem, int byt
 __device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Warp rows (core::RopeCudaPolicy::norm_stage_max_blocks_per_sm): each warp's copy, in
-// shared memory, of the token's cos_sin_cache row (its rotary_dim entries)
-// and of the 2-byte norm weights (q's, then k's), copied asynchronously by
-// the warp's lanes, 16 bytes each, as soon as their addresses are known.
-// A warp's items then read their cos/sin and weights there; the lanes that
-// read the same frequencies read the same bytes, one shared-memory access for
-// the warp where a copy per thread took four, and the copies hold no
-// registers while they travel.
-// (Host and device: the launcher sizes the dynamic shared memory with it.)
+// Warp rows: each warp's shared-memory copy of the token's cos_sin_cache row and the 2-byte norm weights, copied
+// asynchronously by its lanes; lanes reading the same frequencies read the same bytes (one access where a copy per
+// thread took four), and the copies hold no registers in flight. Host and device: the launcher sizes it.
 struct WarpRows {
   int row_chunks, weight_chunks;  // 16-byte chunks: the row, one tensor's weights
   __host__ __device__ __forceinline__ explicit WarpRows(const RopePoolParams& p)

@@ -22,10 +22,8 @@ using elements::from_float2;
 using elements::to_float;
 using elements::to_float2;
 
-// N consecutive elements, moved with one 16-byte access when N elements are
-// 16 bytes (the plan guarantees alignment then), else one element at a time.
-// kEvictLast: a 16-byte load carries an L2 evict-last policy
-// (core::RopeCudaPolicy::several_round_loads_evict_last).
+// N consecutive elements, one 16-byte access when they are 16 bytes (the plan guarantees alignment), else one at a
+// time; kEvictLast: an L2 evict-last load (core::RopeCudaPolicy::several_round_loads_evict_last).
 template <typename T, int N>
 struct Group {
   static constexpr bool kVector = N * sizeof(T) == 16;
@@ -52,10 +50,8 @@ struct Group {
   __device__ __forceinline__ void set2(int j, float a, float b) { from_float2(e + 2 * j, a, b); }
 };
 
-// N elements of a group, each x / scale (core::Fp8Quotient: the IEEE
-// quotient) rounded to nearest even and saturated to the format's finite
-// range, stored as N bytes (one access when N > 1: the plan aligns fp8 pool
-// rows to the group size). Pairs convert in one instruction.
+// N elements, each x / scale (core::Fp8Quotient) rounded to nearest even and saturated, stored as N bytes in one
+// access when N > 1 (the plan aligns fp8 rows to the group size); pairs convert in one instruction.
 template <typename T, int N, typename Quotient>
 __device__ __forceinline__ void store_fp8_with(const Group<T, N>& g, unsigned char* dst, Quotient quotient, int kind) {
   const __nv_fp8_interpretation_t fmt = kind == 1 ? __NV_E4M3 : __NV_E5M2;
@@ -98,10 +94,8 @@ __device__ __forceinline__ int64_t read_index(const void* p, int64_t i, int is64
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
 }
 
-// A float of the kernel's __grid_constant__ parameter block read through its
-// generic address: a warp's 32 consecutive floats then take one coalesced
-// load, where an indexed read of the parameter bank (LDC) serves the warp's
-// addresses one at a time. Volatile: it stays where it is written.
+// A float of the __grid_constant__ parameter block read through its generic address: a warp's 32 consecutive floats
+// take one coalesced load instead of 32 indexed parameter-bank reads. Volatile, so it stays where it is written.
 __device__ __forceinline__ float read_param_float(const float* a) {
   float v;
   asm volatile("ld.f32 %0, [%1];" : "=f"(v) : "l"(a));

@@ -28,12 +28,9 @@ __device__ __forceinline__ bool paired_weights(const RopePoolParams& p, bool is_
   return false;
 }
 
-// One work item: up to two groups of W elements of one head (lo, and hi when
-// `two`), where they come from and go to, and which frequencies rotate them.
-// kNeoxFull: the common shape, known at compile time (NeoX pairs, the whole
-// head rotated, v items two groups half a head apart: core::rope_neox_full):
-// q and k items are then always NeoX pairs with an output row, v items two
-// groups, and the run-time tests of `kind`, `two` and `dst` go away.
+// One work item: up to two groups of W elements of one head (lo, and hi when `two`), their source, destination and
+// frequencies. kNeoxFull (core::rope_neox_full) fixes the common shape at compile time, so the run-time tests of
+// `kind`, `two` and `dst` go away.
 template <typename T, int W, bool kNeoxFull = false>
 struct Item {
   enum Kind { kNeox, kGptj, kCopy };
@@ -177,12 +174,9 @@ struct Item {
     prefetch_l2<Policy::several_round_loads_evict_last>(src + lo_off);
     if (has_hi()) prefetch_l2<Policy::several_round_loads_evict_last>(src + hi_off);
   }
-  // kNorm: 1/sqrt(mean square + eps) of this item's head. The item's groups
-  // are whole blocks of the pairwise sum (core::rope_norm_in_rotation_kernel):
-  // each group's squares, then a butterfly over the head's `lanes` lanes
-  // (NeoX: the two halves apart, as the tree keeps them), then the root.
-  // Every lane of the warp calls it; `active` false contributes nothing.
-  // inv_head_dim: 1 / head_dim, exact (head_dim is a power of two here).
+  // kNorm: 1/sqrt(mean square + eps) of this item's head, in the pairwise order of the reference: each group's
+  // squares, a butterfly over the head's `lanes` lanes, then the root. Every lane of the warp calls it (`active`
+  // false adds nothing); inv_head_dim is exact (head_dim is a power of two here).
   __device__ __forceinline__ float head_norm_factor(const RopePoolParams& p, int lanes, float inv_head_dim,
                                                     bool active) const {
     float lo_sum = active ? group_squares(lo) : 0.f;
@@ -194,14 +188,9 @@ struct Item {
     return norm_factor_pow2(__fadd_rn(lo_sum, hi_sum), inv_head_dim, p);
   }
 
-  // kFp8: the pools are float8 (stored x / scale, `scale` read by
-  // pool_scale_of with the item's loads); otherwise T. kNorm (a NormMode):
-  // q and k groups are normalized first (weights `w` in shared memory, the
-  // head's factor `inv`). kRowCs (kNeoxFull only): cos/sin straight from the
-  // token's cos_sin_cache row (row_cos_sin), else from the block's table
-  // `cs`; kWarpRows: the 2-byte weights and the cos/sin from the warp's
-  // rows in shared memory (`rows` at `area`) instead. Groups of W > 1
-  // elements (W even) compute on pairs (Group::get2/set2).
+  // kFp8: float8 pools (x / scale); kNorm: q and k normalized first (weights `w`, factor `inv`); kRowCs: cos/sin
+  // from the token's cos_sin_cache row, else the block's table `cs`; kWarpRows: weights and cos/sin from the warp's
+  // rows in shared memory. Groups of W > 1 elements compute on pairs (Group::get2/set2).
   template <bool kFp8, int kNorm, bool kRowCs, bool kWarpRows>
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr,
                                          const core::RopeCudaIndex& ix, const float* cs, int64_t pos, bool pos_ok,

@@ -23,14 +23,9 @@ __host__ __device__ __forceinline__ NormMode norm_mode(const RopePoolParams& p) 
   return p.norm_offset == 0.f ? kNormRoundThenWeight : kNormOffsetWeight;
 }
 
-// The block's norm weights as float32 in shared memory (q's at w[i], k's at
-// w[kNormWeightsK + i]; 1 where a side has no norm, offset + w where the
-// offset is not 0), staged around the cos/sin table: start_norm_weights asks
-// for the thread's first weights before the table, finish_norm_weights
-// stores them after it and stages the rest, and the caller's barrier
-// publishes them. Their round trip then overlaps the position's and the
-// table's work (converted where loaded, a thread waited there for the q
-// weight before it even asked for the k weight).
+// The block's norm weights as float32 in shared memory (q's at w[i], k's at w[kNormWeightsK + i]), asked for before
+// the cos/sin table and stored after it, so their round trip overlaps the table's work; the caller's barrier
+// publishes them.
 struct NormWeightBits {  // one element's weights as loaded: float32 bits, or T's in the low half
   uint32_t q = 0, k = 0;
 };
@@ -147,10 +142,8 @@ __device__ __forceinline__ float2 round_through(float a, float b) {
   return to_float2(pair);
 }
 
-// A group normalized in place; weight(i) gives its element i's float32
-// weight (staged_weight's value). kMode: how the weight applies (NormMode).
-// The mode is a template parameter: as a run-time select per element both
-// ways were issued.
+// A group normalized in place, weight(i) its element i's float32 weight; the NormMode is a template parameter
+// because a run-time select per element issued both ways.
 template <int kMode, typename T, int N, typename Weight>
 __device__ __forceinline__ void normalize_with(Group<T, N>& g, Weight weight, float inv) {
   if constexpr (N % 2 == 0) {
@@ -171,10 +164,8 @@ __device__ __forceinline__ void normalize_with(Group<T, N>& g, Weight weight, fl
   }
 }
 
-// The same with the weights staged in shared memory: w points at the
-// group's first (store_norm_weights; 16-byte aligned when N is a multiple of
-// 4, as a group's first element is a multiple of N, so they load four at a
-// time).
+// The same with the weights staged in shared memory at `w` (16-byte aligned when N is a multiple of 4, so they load
+// four at a time).
 template <int kMode, typename T, int N>
 __device__ __forceinline__ void normalize_group(Group<T, N>& g, const float* w, float inv) {
   float wv[N];
@@ -188,11 +179,8 @@ __device__ __forceinline__ void normalize_group(Group<T, N>& g, const float* w, 
   normalize_with<kMode>(g, [&](int i) { return wv[i]; }, inv);
 }
 
-// The weights of elements off ... off + N - 1 of a q (or k: is_k) head as
-// staged_weight gives them, read straight from the weight tensor, 16 bytes
-// at a time (the launcher checks its alignment; off is a multiple of N, N of
-// 4 for float32 weights and of 8 for 2-byte ones). Each warp reads its own
-// (from L1 after the first), so no block-wide staging and no barrier.
+// The weights of elements off ... off + N - 1 of a q (or k) head straight from the weight tensor, 16 bytes at a time
+// (alignment checked by the launcher): each warp reads its own from L1, with no block-wide staging or barrier.
 template <int kMode, typename T, int N>
 __device__ __forceinline__ void row_norm_weights(const RopePoolParams& p, const RopePoolPointers& ptr, bool is_k,
                                                  int off, float (&wv)[N]) {
@@ -227,13 +215,9 @@ __device__ __forceinline__ void row_norm_weights(const RopePoolParams& p, const 
   }
 }
 
-// kNormRoundThenWeight with 2-byte weights in T, `w` the group's weights as
-// loaded from the weight tensor: T(float32(T(x inv)) * w) is
-// the product of two T values rounded once to T (their float32 product is
-// exact, or for bfloat16 below float32's normal range so small that both
-// roundings give zero), which one paired T multiply computes. The weights
-// then stay as loaded: a multiply per pair instead of unpacking the weight
-// and the rounded value, two float32 multiplies and a repack.
+// kNormRoundThenWeight with 2-byte weights: T(float32(T(x inv)) * w) is a product of two T values rounded once (their
+// float32 product is exact or rounds to zero either way), so one paired T multiply computes it on the weights as
+// loaded.
 template <typename T, int N>
 __device__ __forceinline__ void normalize_round_then_t_weight(Group<T, N>& g, const Group<T, N>& w, float inv) {
   static_assert(sizeof(T) == 2 && N % 2 == 0, "pairs of 2-byte weights");

@@ -1,17 +1,6 @@
-// Fused per-head QK RMSNorm + RoPE + KV-pool write (rope_pool_fused with
-// q_norm_weight / k_norm_weight; docs/contract.md). Each block serves one
-// token (or a slice of one). A token's work is its heads: q heads, k heads,
-// then v heads, each served by `norm_lanes` lanes of one warp, a lane holding
-// `norm_per_lane` contiguous elements of the head. A lane loads its elements,
-// the head's lanes sum the squares (within the lane, then a butterfly across
-// lanes: the pairwise tree the contract defines), scale, put the normalized
-// head in shared memory for the rotation partners (NeoX pairs are half a head
-// apart, in another lane; GPT-J pairs are in the lane), rotate, and store
-// q_rot/k_rot and the pool rows (rotated k, raw v; fp8 when the pools are).
-// The rotation kernel (cuda/rope_pool_kernel.cuh) does the norm itself where its
-// items are whole blocks of the sum (core::rope_norm_in_rotation_kernel);
-// this kernel takes every other shape: head_dim not a power of two, partial
-// rotary, one element per access, GPT-J heads of more than 32 groups.
+// Per-head QK RMSNorm + RoPE + pool write for the shapes the rotation kernel does not normalize itself (head_dim not
+// a power of two, partial rotary, single-element access, long GPT-J heads): each head on `norm_lanes` lanes of one
+// warp, the pairwise sum in the lane then a butterfly, NeoX partners exchanged through shared memory.
 #include "core/rope_pool.h"
 #include "cuda/launch.h"
 #include "cuda/rope_cos_sin.cuh"

@@ -1,11 +1,6 @@
-// rope_pool_fused's rotation kernel (docs/contract.md) and its
-// configurations. Each block serves one token (or a slice of one): it computes
-// the token's cos/sin table (rotary_dim / 2 entries, shared by every head)
-// into shared memory, then its threads walk the token's work items
-// (cuda/rope_item.cuh): rotate each q and k head, store q_rot/k_rot, and
-// scatter the rotated k and the raw v into the pools when the token's slot is
-// in [0, pool_size). With an aligned cos_sin_cache the common shape reads each
-// item's cos/sin (and norm weights) from their rows instead, with no barrier.
+// rope_pool_fused's rotation kernel and its configurations: a block per token (or slice) builds the token's cos/sin
+// table in shared memory, then its threads walk the token's items (cuda/rope_item.cuh); with an aligned
+// cos_sin_cache the common shape reads cos/sin (and weights) from the rows instead, with no barrier.
 #pragma once
 
 #include <cstdint>
@@ -35,21 +30,9 @@ constexpr int rope_min_blocks_per_sm(bool norm, bool fp8, int ahead, bool table_
   return Policy::norm_min_blocks_per_sm;
 }
 
-// One configuration of rope_pool_kernel: its compile-time choices, from which
-// its launch bounds derive. The shipped ones are RopeVariants' members.
-//   width: elements per access, 16 / sizeof(T) or 1.
-//   prefetch: blocks walk several rounds and ask L2 for the item
-//     Policy::prefetch_rounds_ahead rounds later (ahead; 0 otherwise).
-//   fp8: the pools are float8 (their conversion's registers would make the
-//     other instantiations spill under the occupancy target).
-//   norm: a NormMode; the QK norm where core::rope_norm_in_rotation_kernel
-//     allows it (a head's items are then lanes of one warp in one round).
-//   neox_full: the common shape (core::rope_neox_full), known at compile time.
-//   cos_sin: CosSin; kRows and kWarpRows need neox_full and p.cache_vector.
-//   tail: several-round norm blocks from ix.whole_tokens on serve the call's
-//     last tokens in one-round slices (core::plan_rope_cuda_tail).
-//   short_token: several-round norm blocks of tokens of at most
-//     Policy::norm_short_token_max_rounds rounds (more blocks per SM).
+// One configuration of rope_pool_kernel: its compile-time choices (access width, prefetch, fp8 pools, NormMode,
+// the common shape, CosSin source, tail slices, short tokens), from which its launch bounds derive; the shipped
+// ones are RopeVariants' members.
 template <typename T_, int kWidth, bool kPrefetch, bool kFp8, int kNorm, bool kNeoxFull, CosSin kCosSin,
           bool kTail = false, bool kShortToken = false>
 struct RopeConfig {
@@ -74,14 +57,9 @@ struct RopeConfig {
   static_assert(!table_warp || (!kPrefetch && norm != kNoNorm), "table warps are for one-round norm blocks");
 };
 
-// The configurations a launcher picks from (cuda/rope_pool_launch.cuh), for
-// element type T, pools of T or fp8, the common shape or not, and cos/sin
-// from cos_sin_cache rows (kRowCs) or from the block's table.
-// Spills (sm_90): 16 of the 204 instantiations, each a measured choice of a
-// larger occupancy target: fp8 pools off the common shape at 10 blocks (2-16
-// bytes); Gemma's weights in one-round and short-token blocks (8-38 bytes) and
-// Llama's short-token tail on warp rows (4 bytes), whose 10th block gained
-// more than the spills cost (RopeCudaPolicy).
+// The configurations a launcher picks from (cuda/rope_pool_launch.cuh). 16 of 204 spill on sm_90, each a measured
+// larger occupancy target: fp8 pools off the common shape (2-16 B), Gemma's weights in one-round and short-token
+// blocks (8-38 B), Llama's short-token tail on warp rows (4 B): the extra block gained more than the spills cost.
 template <typename T, bool kFp8, bool kNeoxFull, bool kRowCs>
 struct RopeVariants {
   static constexpr int V = 16 / sizeof(T);
@@ -109,10 +87,8 @@ struct RopeVariants {
   using NormShortTokensTail = RopeConfig<T, V, true, false, kNorm, kNeoxFull, kStaged, true, true>;
 };
 
-// The named barrier (0 is __syncthreads') of a table-warp block: the table
-// warp arrives once the table and the weights it copies are in shared
-// memory, each item warp stores its share of the staged weights and waits
-// there before it reads them; all the block's threads count.
+// The named barrier of a table-warp block (0 is __syncthreads'): the table warp arrives once the table and its
+// weights are in shared memory; item warps store their staged weights and wait there before reading them.
 constexpr int kTableBarrier = 1;
 // The inverse frequencies each table-warp lane parks before the PDL wait
 // (lane l: l, l + 32, ...): all of rotary_dim 128's; larger tables read the
@@ -127,11 +103,9 @@ __device__ __forceinline__ void wait_for_table() {
   asm volatile("bar.sync %0, %1;" ::"n"(kTableBarrier), "r"(blockDim.x) : "memory");
 }
 
-// Block (t, s): token t, the (gridDim.y - 1 - s)-th of gridDim.y slices of
-// its work items, as configuration C (RopeConfig) says. The parameters:
-// pointers and index plan first, the parameter block with its 1 KB inv_freq
-// table last, so the fields every block reads share the first cache lines of
-// the parameter bank, which is cold at each launch.
+// Block (t, s): token t, its (gridDim.y - 1 - s)-th slice of items, as configuration C says. Pointers and the index
+// plan come first and the parameter block (with its 1 KB inv_freq table) last, so every block's fields share the
+// first lines of the cold parameter bank.
 template <typename C>
 __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
     rope_pool_kernel(const RopePoolPointers ptr, const core::RopeCudaIndex ix,
@@ -157,11 +131,9 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
   int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
 
-  // Parameter arithmetic only up to the wait: with PDL it overlaps the kernel
-  // before this one, and it includes the first reads of the parameter bank
-  // (cold at each launch) and the divisions that place the first item.
-  // Item arithmetic is 32-bit (core bounds the heads, the launcher the
-  // items): 64-bit divisions here sit between the launch and the first load.
+  // Parameter arithmetic only up to the wait, so with PDL it (the cold parameter-bank reads, the first item's
+  // divisions) overlaps the kernel before; 32-bit item arithmetic (bounded by core and the launcher): 64-bit divisions
+  // would sit between the launch and the first load.
   const int n_qk = (p.num_qo_heads + p.num_kv_heads) * p.qk_items_per_head;
   const int n_all = n_qk + p.num_kv_heads * p.v_items_per_head;
   const int lanes = p.qk_items_per_head;            // kNorm: a power of two, at most 32
@@ -180,21 +152,9 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
     }
   }
   const int end = min(n_all, begin + share);
-  // One item in flight per thread, its loads issued before the cos/sin table
-  // so they overlap that work. For RoPE alone into pools of q's dtype they
-  // also come before the token's position and slot are read: check_token_place's
-  // checks use the position at once, and loads placed after it were issued
-  // only once it had arrived, so the data's first round trip followed the
-  // position's instead of overlapping it. With the warp rows (kWarpRows)
-  // they come right after the position's and slot's loads and before their
-  // checks. Elsewhere (RoPE alone into fp8 pools, the QK norm off the row
-  // path) they follow the checks in the source: there the earlier start did
-  // not shorten the call, and fp8 pools replayed slower
-  // (docs/performance-notes.md). (With the QK norm on the table path ptxas
-  // issues them right after the position's loads, or before them in
-  // one-round blocks, anyway: nothing they need waits for the checks.)
-  // (Two items in flight need more registers than the occupancy target
-  // allows.)
+  // One item in flight per thread (two need more registers than the occupancy target allows), its loads issued
+  // early so that their round trip overlaps the table and the position's: before the position's checks for RoPE
+  // alone into pools of q's dtype, after them elsewhere (no faster there; fp8 pools replayed slower).
   Item<T, W, kNeoxFull> it;
   constexpr bool kEvictLast = kAhead > 0 && Policy::several_round_loads_evict_last;
   constexpr bool kDataFirst = kNorm == kNoNorm && !kFp8;
@@ -207,24 +167,16 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
   bool warp_rows = false;
   if constexpr (kWarpRows) warp_rows = kAhead == 0 ? __any_sync(0xffffffffu, item < end && !it.is_v) : begin < n_qk;
   const bool copy_q = paired_weights<T, kNorm>(p, false), copy_k = paired_weights<T, kNorm>(p, true);
-  // The table path (kNeoxFull), every normed side's weights 2-byte with the
-  // Llama/Qwen3 rounding and on 16 bytes: they are copied asynchronously
-  // into norm_w's raw sections (the image finish_norm_weights would store)
-  // before the position is read, so their round trip overlaps the
-  // position's instead of following its checks.
+  // The table path with 2-byte Llama/Qwen3-rounded weights on 16 bytes: they are copied asynchronously into norm_w
+  // before the position is read, so their round trip overlaps the position's instead of following its checks.
   bool async_w = false;
   if constexpr (kNorm != kNoNorm && !kRowCs && kNeoxFull) {
     async_w = (copy_q || copy_k) && (copy_q || !p.norm_q) && (copy_k || !p.norm_k) &&
               (!copy_q || on16(ptr.q_norm_weight)) && (!copy_k || on16(ptr.k_norm_weight));
   }
-  // The table's threads' first inverse frequencies (kTableWarp: the table
-  // warp's, kTableWarpParked per lane), each parked in its own table entry
-  // before the wait: ptxas sinks a parameter read below
-  // griddepcontrol.wait, and this one (cold at each launch) then stood
-  // between the wait and the table; a shared-memory store keeps it above the
-  // wait, where it overlaps the kernel before. Read through the block's
-  // generic address (read_param_float): one load per warp, not 32
-  // parameter-bank reads.
+  // The table threads' first inverse frequencies, parked in shared memory before the wait: a parameter read sinks
+  // below griddepcontrol.wait and would stand between the wait and the table; parked, it overlaps the kernel
+  // before. Read through the block's generic address: one load per warp.
   if constexpr (kTableWarp) {
     if (table_warp && !p.use_cache)
 #pragma unroll
@@ -289,12 +241,9 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
   NormWeightBits first_w;
   if constexpr (kNorm != kNoNorm && !kRowCs)
     if (!async_w && !table_warp) first_w = start_norm_weights<T>(p, ptr);
-  // One table per block: a table per warp would repeat the cos/sin work,
-  // which costs more than a barrier. kTableWarp: the table warp's (and the
-  // 2-byte weights' asynchronous copies), behind the named barrier that the
-  // item warps wait at after their norm; it then leaves. (Staging all the
-  // weights in that warp alone made Gemma's weights a chain of round trips:
-  // 2.5 us replayed at T = 1.)
+  // One table per block: a table per warp repeats the cos/sin work, which costs more than a barrier. kTableWarp: one
+  // warp builds it (and copies the 2-byte weights) behind a named barrier, then leaves; staging every weight in
+  // that warp alone made a chain of round trips (2.5 us replayed at T = 1).
   if constexpr (kTableWarp) {
     if (table_warp) {
       for (int i = lane32; i < half; i += 32) {

@@ -1,7 +1,5 @@
-// The rotation kernel's launcher: the launch shape and the configuration
-// (RopeVariants) for one call. Included by the translation units that
-// instantiate it, one per element type and pool kind (rope_pool_<type>.cu),
-// so the build compiles them side by side.
+// The rotation kernel's launcher (launch shape and RopeVariants member for one call), included by the per-type
+// translation units rope_pool_<type>.cu so that the build compiles them side by side.
 #pragma once
 
 #include <cstdint>

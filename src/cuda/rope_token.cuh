@@ -36,11 +36,8 @@ __device__ __forceinline__ TokenPlace token_place(const RopePoolParams& p, const
   return check_token_place(p, read_token_place(p, ptr, t));
 }
 
-// Where head `head` of slot `slot` starts in the v pool (is_v) or the k pool,
-// in elements. slot -> (page, offset) is a 32-bit multiply-shift division by
-// page_size (`page`, core::RopeCudaIndex), as paged pools have fewer than
-// 2^32 slots (checked); callers recompute it per item rather than hold it,
-// which would cost registers.
+// Where head `head` of slot `slot` starts in the v (is_v) or k pool, in elements: slot -> (page, offset) by a 32-bit
+// multiply-shift (paged pools have < 2^32 slots), recomputed per item because holding it costs registers.
 __device__ __forceinline__ int64_t pool_row(const RopePoolParams& p, const core::FastDivmod& page_div, int64_t slot,
                                             int head, bool is_v) {
   const int64_t page = p.page_size == 1 ? slot : static_cast<int64_t>(page_div.div_wide(static_cast<uint32_t>(slot)));

@@ -20,12 +20,9 @@ constexpr int kVectors = kSmall ? 1 : CopyCudaPolicy::large_vectors_per_thread;
 template <bool kSmall>
 constexpr bool kPdl = kSmall || CopyCudaPolicy::large_with_pdl;
 
-// One block copies kThreads * kVectors consecutive vectors of one job; the
-// launch geometry (which block serves which job) is core::plan_copy_cuda_launch's.
-// kOneJob: a large copy of one job (usp_merge_heads, the wire's copies) reads
-// its parameters at fixed offsets, folded into the instructions that use
-// them, instead of through indexed parameter loads behind a division of the
-// block index by the job count.
+// One block copies kThreads * kVectors consecutive vectors of one job (core::plan_copy_cuda_launch). kOneJob: a
+// large copy of one job reads its parameters at fixed offsets, with no division of the block index by the job
+// count and no indexed parameter loads.
 template <typename V, bool Index32, bool kSmall, bool kOneJob>
 __global__ void __launch_bounds__(kThreads<kSmall>) strided_copy_kernel(const __grid_constant__ StridedCopyPlan plan) {
   constexpr int kT = kThreads<kSmall>, kU = kVectors<kSmall>;

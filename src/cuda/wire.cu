@@ -95,10 +95,8 @@ __device__ __forceinline__ Unit dequantize_unit(uint64_t plain, const core::Wire
   return out;
 }
 
-// One block moves kThreads * kUnits consecutive units of one job of the
-// plain side; block b serves job b % njobs (as the copy kernel does). A unit
-// is kSpan adjacent vectors: the index arithmetic, the reduction and the
-// fp8 access are paid once per kSpan vectors.
+// One block moves kThreads * kUnits consecutive units of one job (block b: job b % njobs, as the copy kernel); a
+// unit is kSpan adjacent vectors, so the index arithmetic, the reduction and the fp8 access are paid once per kSpan.
 template <typename T, WireFormat F, bool kQuantize>
 __global__ void __launch_bounds__(kThreads) wire_kernel(const __grid_constant__ WirePlan p) {
   let_next_kernel_start();

@@ -1,15 +1,6 @@
-// Fused RoPE + KV-pool write for Apple GPUs (docs/contract.md), the same
-// semantics as src/cuda/rope_pool_kernel.cuh. One threadgroup per token: the group
-// computes the token's cos/sin table (rotary_dim / 2 entries, shared by every
-// head) into threadgroup memory, then its threads walk the token's work: each
-// rotation pair of each q and k head, the pass-through elements of a partial
-// rotary, and the v elements; rotated k and raw v go to the pools (flat or
-// paged, in q's dtype; fp8 pools are CUDA-only) when the slot is in [0, pool_size).
-// With the QK norm, each q/k head's norm factor is computed first (per chunk
-// of heads, one thread per head) and every element is normalized as it is read.
-//
-// Written in the subset of MSL that is also C++, so that tests/metal compiles
-// this unchanged file on Linux and runs it over its dispatch grid.
+// Fused RoPE + KV-pool write for Apple GPUs, the semantics of src/cuda/rope_pool_kernel.cuh: a threadgroup per token
+// builds its cos/sin table, then its threads walk the rotation pairs, pass-through and v elements. Written in the
+// subset of MSL that is also C++, so tests/metal compiles this file unchanged on Linux and runs it over its grid.
 #include <metal_stdlib>
 
 #include "rope_pool_params.h"
@@ -32,11 +23,8 @@ inline void rope_store(device T* base, long i, float value) {
   base[i] = T(value);
 }
 
-// The QK norm (docs/contract.md): 1 / sqrt(mean of squares + eps) of one head,
-// the squares summed pairwise (adjacent elements, then adjacent sums, ... over
-// head_dim padded with zeros): a binary counter keeps one partial sum per
-// completed power-of-two block, and the leftover blocks add up from the
-// smallest, as the padded tree sums them.
+// The QK norm: 1 / sqrt(mean of squares + eps) of one head, squares summed pairwise over head_dim padded with zeros
+// (a binary counter of power-of-two blocks, leftovers added from the smallest, as the padded tree sums them).
 template <typename T>
 inline float rope_head_inv(device const T* x, long base, int D, float eps) {
   float stack[10];  // head_dim <= 512: at most 10 blocks pending

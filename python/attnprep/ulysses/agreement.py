@@ -53,18 +53,13 @@ _TRANSPORTS = {"nccl": 0, "copy_engine": 1}
 _MESSAGE_BYTES = 240
 
 
-# A dtype as the agreement sends it: the CRC-32 of its name, the same in
-# every process (and every torch release), and distinct for each of torch's
-# dtypes (tests/python/test_ulysses.py), so that ranks with different dtypes
-# never agree.
+# A dtype as the agreement sends it: the CRC-32 of its name, the same in every process and torch release and
+# distinct for each of torch's dtypes (tests/python/test_ulysses.py), so ranks with different dtypes never agree.
 _DTYPE_CODES = {zlib.crc32(str(d).encode()): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
-# chunks="auto" over NCCL: on two H200s (bench/README.md) splitting the
-# heads made the layer slower at every measured shape, causal or not
-# (attention slows down while NCCL's kernels share the GPU with it, by more
-# than the exchange the split hides), so "auto" does not split there. Over
-# the copy engines "auto" is _peer.auto_plan. Explicit counts always split.
+# chunks="auto" over NCCL does not split: on two H200s every measured shape ran slower chunked (NCCL's kernels
+# slow attention by more than the split hides; bench/README.md). Over the copy engines it is _peer.auto_plan.
 AUTO_CHUNKS = 1
 
 
