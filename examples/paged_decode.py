@@ -92,17 +92,6 @@ class Step:
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
-def _rope_params(config):
-    if config.model_type == "gptj":  # GPT-J's table: plain RoPE, base 10000, over rotary_dim
-        return {"rope_type": "default", "rope_theta": 10000.0}
-    params = getattr(config, "rope_parameters", None)
-    if params is None:  # transformers 4.x
-        params = dict(getattr(config, "rope_scaling", None) or {}, rope_theta=config.rope_theta)
-    if "rope_theta" not in params:  # per-layer-type parameters are not handled here
-        raise ValueError("paged_decode: the config's rope parameters have no rope_theta")
-    return params
-
-
 # Where each family keeps its attention layers, and how they project.
 def _attention_layers(model):
     kind = model.config.model_type
@@ -161,26 +150,11 @@ class PagedEngine:
         config = model.config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.backend = backend
-        params = _rope_params(config)
-        self.is_neox = config.model_type != "gptj"
-        self.rotary_dim = (
-            (config.rotary_dim or self.head_dim)
-            if config.model_type == "gptj"
-            else int(self.head_dim * params.get("partial_rotary_factor", 1.0))
-        )
-        self.table = attnprep.rope_cos_sin_cache(
-            self.head_dim,
-            max_position or config.max_position_embeddings,
-            params["rope_theta"],
-            rotary_dim=self.rotary_dim,
-            scaling=params,
-            max_position_embeddings=config.max_position_embeddings,
-            device=self.device,
-        )
+        # the model's geometry, rotation style and RoPE table, from its config
+        self.rope = attnprep.rope_kwargs_from_config(config, max_position=max_position, device=self.device)
+        self.head_dim, self.heads, self.kv_heads = (self.rope[k] for k in ("head_dim", "num_qo_heads", "num_kv_heads"))
+        self.rotary_dim, self.is_neox, self.table = (self.rope[k] for k in ("rotary_dim", "is_neox", "cos_sin_cache"))
         layers = _attention_layers(model)
         if any(isinstance(getattr(layer, name), PagedAttention) for layer, name in layers):
             raise ValueError("paged_decode: the model is inside another engine's generate")
@@ -219,27 +193,10 @@ class PagedEngine:
         qk_norm = m is not None and hasattr(m, "q_norm")
         if self.backend == "attnprep":
             norm = {}
-            if qk_norm:  # fused: the model's own weights and eps, Qwen3's rounding
-                norm = dict(
-                    q_norm_weight=m.q_norm.weight, k_norm_weight=m.k_norm.weight, norm_eps=m.q_norm.variance_epsilon
-                )
+            if qk_norm:  # fused: the layer's own weights (eps and rounding from the config)
+                norm = dict(q_norm_weight=m.q_norm.weight, k_norm_weight=m.k_norm.weight)
             q_rot, k_rot, _, _ = attnprep.rope_pool_fused(
-                q,
-                k,
-                v,
-                s.positions,
-                s.slots,
-                k_pool,
-                v_pool,
-                head_dim=self.head_dim,
-                num_qo_heads=self.heads,
-                num_kv_heads=self.kv_heads,
-                rope_base=1.0,
-                rotary_dim=self.rotary_dim,
-                is_neox=self.is_neox,
-                cos_sin_cache=self.table,
-                **self.scales,
-                **norm,
+                q, k, v, s.positions, s.slots, k_pool, v_pool, **self.rope, **self.scales, **norm
             )
             return q_rot, k_rot
         if qk_norm:  # the reference runs the model's own modules
