@@ -38,6 +38,13 @@ from importlib.metadata import version
 major, minor = (int(x) for x in version("transformers").split(".")[:2])
 sys.exit(0 if (major, minor) >= (5, 25) and major < 6 else 1)
 CHECK
+# diffusers: the DiT RoPE forms' references (tests/python/test_token_rows.py)
+DIFFUSERS_REQ="diffusers>=0.42,<0.43"
+$PY - <<'CHECK' 2>/dev/null || test_need+=("$DIFFUSERS_REQ")
+import sys
+from importlib.metadata import version
+sys.exit(0 if tuple(int(x) for x in version("diffusers").split(".")[:2]) == (0, 42) else 1)
+CHECK
 # clang-format and ruff at the versions the formatting test pins (pyproject.toml's test extra)
 for tool in clang-format==21.1.8 ruff==0.17.6; do
   [ "$($PY -m pip show "${tool%%==*}" 2>/dev/null | awk '/^Version:/ { print $2 }')" = "${tool#*==}" ] || test_need+=("$tool")

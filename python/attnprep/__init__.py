@@ -8,6 +8,7 @@ Public ops (each function's docstring gives its parameters, returns and errors):
 - :func:`rope_pool_fused`: RoPE on q/k (after an optional QK RMSNorm) and the
   KV-pool write, one launch.
 - :func:`rope_cos_sin_cache`: a model's RoPE table (every scaling scheme) for it.
+- :func:`rope_cos_sin_rows`: a model's precomputed per-token cos/sin as rows for it.
 - :func:`rope_kwargs_from_config`: rope_pool_fused's arguments from a transformers config.
 - :mod:`attnprep.ulysses`: Ulysses attention over torch.distributed.
 - :mod:`attnprep.testing`: the float64 references the ops are checked against.
@@ -23,7 +24,7 @@ from ._info import build_info
 from .pack_qkv import pack_qkv_destination_major
 from .rope_config import rope_kwargs_from_config
 from .rope_pool import rope_pool_fused
-from .rope_tables import rope_cos_sin_cache
+from .rope_tables import rope_cos_sin_cache, rope_cos_sin_rows
 from .usp_merge_heads import usp_merge_heads
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "rope_pool_fused",
     "rope_cos_sin_cache",
     "rope_kwargs_from_config",
+    "rope_cos_sin_rows",
 ]

@@ -45,13 +45,14 @@ def rope_pool_fused(*args):
     q_rot = q if inplace else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_rot = k if inplace else torch.empty(k.shape, dtype=k.dtype, device=k.device)
     params, groups, threads = _C.rope_pool_metal_plan(*args, q_rot, k_rot)
+    positions = a.positions if a.positions is not None else a.slots  # unread without positions (positions_kind 2)
     if groups:
         block = torch.frombuffer(bytearray(params), dtype=torch.uint8).to(q.device)
         # without a table the kernel never reads it; any buffer fills the slot
         # (likewise the norm weights; each is passed twice, as float32 and as q's dtype)
-        cache = a.cos_sin_cache if a.cos_sin_cache is not None else a.positions
-        qw = a.q_norm_weight if a.q_norm_weight is not None else a.positions
-        kw = a.k_norm_weight if a.k_norm_weight is not None else a.positions
+        cache = a.cos_sin_cache if a.cos_sin_cache is not None else positions
+        qw = a.q_norm_weight if a.q_norm_weight is not None else positions
+        kw = a.k_norm_weight if a.k_norm_weight is not None else positions
         kernel = getattr(_library(), _KERNELS[q.dtype])
         kernel(
             q,
@@ -61,7 +62,7 @@ def rope_pool_fused(*args):
             k_rot,
             a.k_pool,
             a.v_pool,
-            a.positions,
+            positions,
             a.slots,
             cache,
             cache,

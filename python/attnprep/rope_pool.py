@@ -17,7 +17,7 @@ def rope_pool_fused(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    positions: Tensor,
+    positions: Optional[Tensor],
     slots: Tensor,
     k_pool: Tensor,
     v_pool: Tensor,
@@ -53,7 +53,12 @@ def rope_pool_fused(
         row and head strides, a unit-stride last dimension.
     k, v : torch.Tensor
         ``[T, num_kv_heads, head_dim]``, q's dtype and device.
-    positions, slots : torch.Tensor
+    positions : torch.Tensor or None
+        ``[T]``, int32 or int64: each token's position (its row of
+        ``cos_sin_cache``). None: per-token cos/sin, token t reads row t of
+        ``cos_sin_cache``, which then has ``T`` rows (a model's precomputed
+        cos/sin, e.g. from :func:`rope_cos_sin_rows`).
+    slots : torch.Tensor
         ``[T]``, int32 or int64. ``slots[t] < 0`` skips token t's cache
         write; a slot ``>= pool_size`` is never written.
     k_pool, v_pool : torch.Tensor
@@ -180,7 +185,9 @@ def _read_args(a: _ops.RopeArgs, inplace, check_slots=None) -> Tuple[_ops.RopeAr
     turn, for the calls that go through torch's dispatcher (``_dispatch``:
     its schema would see the raw values first). ``check_slots`` (None or a
     bool, read here in its turn; the caller resolves None) is not returned."""
-    tensors = {n: tensor_arg(getattr(a, n), n) for n in ("q", "k", "v", "positions", "slots", "k_pool", "v_pool")}
+    optional = ("positions",)
+    names = ("q", "k", "v", "positions", "slots", "k_pool", "v_pool")
+    tensors = {n: tensor_arg(getattr(a, n), n, optional=n in optional) for n in names}
     ints = {n: int_arg(getattr(a, n), _OP, n) for n in ("head_dim", "num_qo_heads", "num_kv_heads")}
     rope_base = float_arg(a.rope_base, _OP, "rope_base")
     rotary_dim = None if a.rotary_dim is None else int_arg(a.rotary_dim, _OP, "rotary_dim")

@@ -321,3 +321,66 @@ def rope_cos_sin_cache(
     angle = torch.arange(max_position, dtype=torch.float32)[:, None] * inv[None, :]
     table = torch.cat([angle.cos() * attention, angle.sin() * attention], dim=1)
     return table.to(dtype=dtype, device=device)
+
+
+_PAIRS = ("adjacent", "halves")
+
+
+def rope_cos_sin_rows(cos: Tensor, sin: Optional[Tensor] = None, *, pairs: str = "adjacent", check: bool = True):
+    """A model's precomputed per-token cos/sin as the rows ``rope_pool_fused(positions=None, cos_sin_cache=...)`` reads.
+
+    Parameters
+    ----------
+    cos : torch.Tensor
+        ``[S, D]`` real cos with each frequency repeated per rotation pair
+        (diffusers' ``use_real=True`` form), or ``[S, D / 2]`` complex
+        ``freqs_cis`` (``cos + i sin``; then ``sin`` is None and the pairs
+        are adjacent).
+    sin : torch.Tensor, optional
+        ``[S, D]``, repeated as ``cos`` is.
+    pairs : str
+        How the real form repeats a frequency: ``"adjacent"`` (elements 2i
+        and 2i + 1, diffusers' ``repeat_interleave_real=True``; rotate with
+        ``is_neox=False``) or ``"halves"`` (i and i + D / 2; ``is_neox=True``).
+    check : bool
+        Compare the repeated elements (one host synchronisation; pass False
+        inside CUDA-graph capture).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[S, D]`` float32 (bfloat16 kept): the cosines of the D / 2
+        frequencies, then their sines.
+
+    Raises
+    ------
+    ValueError
+        ``rope_cos_sin_rows: ...`` for shapes that do not pair up, an unknown
+        ``pairs``, or (with ``check``) a cos or sin not repeated as ``pairs`` says.
+
+    Examples
+    --------
+    >>> freqs = torch.outer(torch.arange(4.0), torch.tensor([1.0, 0.1]))  # [S, D / 2] angles
+    >>> cos = freqs.cos().repeat_interleave(2, dim=1)
+    >>> sin = freqs.sin().repeat_interleave(2, dim=1)
+    >>> rows = rope_cos_sin_rows(cos, sin)
+    >>> torch.equal(rows, torch.cat([freqs.cos(), freqs.sin()], 1))
+    True
+    >>> torch.allclose(rope_cos_sin_rows(torch.polar(torch.ones_like(freqs), freqs)), rows, atol=1e-6)
+    True
+    """
+    if pairs not in _PAIRS:
+        raise ValueError(f'rope_cos_sin_rows: pairs must be "adjacent" or "halves", got {pairs}')
+    if cos.is_complex():
+        if sin is not None or cos.dim() != 2:
+            raise ValueError("rope_cos_sin_rows: complex freqs_cis must be [S, D / 2], with sin=None")
+        return torch.cat([cos.real, cos.imag], dim=1).float()
+    if sin is None or cos.dim() != 2 or cos.shape != sin.shape or cos.shape[1] % 2:
+        raise ValueError("rope_cos_sin_rows: cos and sin must both be [S, D] with D even")
+    half = cos.shape[1] // 2
+    first = (lambda t: t[:, 0::2]) if pairs == "adjacent" else (lambda t: t[:, :half])
+    second = (lambda t: t[:, 1::2]) if pairs == "adjacent" else (lambda t: t[:, half:])
+    if check and not all(torch.equal(first(t), second(t)) for t in (cos, sin)):
+        raise ValueError(f'rope_cos_sin_rows: cos and sin are not repeated per pair as pairs="{pairs}" says')
+    rows = torch.cat([first(cos), first(sin)], dim=1)
+    return rows if rows.dtype in (torch.float32, torch.bfloat16) else rows.float()

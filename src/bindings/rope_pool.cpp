@@ -64,7 +64,7 @@ Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb
   in.q = import(q, "q");
   in.k = import(k, "k");
   in.v = import(v, "v");
-  in.positions = import(positions, "positions");
+  const bool has_positions = import_optional(import, positions, "positions", in.positions, in.args.positions);
   in.slots = import(slots, "slots");
   in.k_pool = import(k_pool, "k_pool");
   in.v_pool = import(v_pool, "v_pool");
@@ -72,7 +72,7 @@ Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb
   a.q = in.q.arg;
   a.k = in.k.arg;
   a.v = in.v.arg;
-  a.positions = in.positions.arg;
+  a.has_positions = has_positions;
   a.slots = in.slots.arg;
   a.k_pool = in.k_pool.arg;
   a.v_pool = in.v_pool.arg;

@@ -48,7 +48,8 @@ void check_rope_pool(const RopePoolArgs& a) {
   const auto qkv_shapes = [&] { return shape_note({{"q", &q}, {"k", &k}, {"v", &v}}); };
   const auto pool_shapes = [&] { return shape_note({{"k_pool", &a.k_pool}, {"v_pool", &a.v_pool}}); };
   require(q.ndim == 3 && k.ndim == 3 && v.ndim == 3, "rope_pool_fused expects q/k/v to be 3-D", qkv_shapes);
-  require(a.positions.ndim == 1 && a.slots.ndim == 1, "rope_pool_fused expects positions/slots to be 1-D",
+  require((!a.has_positions || a.positions.ndim == 1) && a.slots.ndim == 1,
+          "rope_pool_fused expects positions/slots to be 1-D",
           [&] { return shape_note({{"positions", &a.positions}, {"slots", &a.slots}}); });
   // 4-D pools are paged (docs/contract.md); the documented text is the original op's
   require((a.k_pool.ndim == 3 || a.k_pool.ndim == 4) && (a.v_pool.ndim == 3 || a.v_pool.ndim == 4),
@@ -67,9 +68,11 @@ void check_rope_pool(const RopePoolArgs& a) {
                      expected(a.num_kv_heads, k));
   if (!v.same_shape(k))
     throw ValueError("v shape must match k shape, got " + shape_str(v) + " vs " + shape_str(k), qkv_shapes());
-  require(a.positions.size(0) == T && a.slots.size(0) == T, "positions/slots must have one entry per token", [&] {
-    return "num_tokens: " + std::to_string(T) + ", " + shape_note({{"positions", &a.positions}, {"slots", &a.slots}});
-  });
+  require((!a.has_positions || a.positions.size(0) == T) && a.slots.size(0) == T,
+          "positions/slots must have one entry per token", [&] {
+            return "num_tokens: " + std::to_string(T) + ", " +
+                   shape_note({{"positions", &a.positions}, {"slots", &a.slots}});
+          });
   if (pool_heads(a.k_pool, a.kv_layout) != a.num_kv_heads || a.k_pool.size(-1) != a.head_dim) {
     const std::string hd = std::to_string(a.num_kv_heads) + ", " + std::to_string(a.head_dim);
     const std::string paged = a.kv_layout == KvLayout::NHD ? "[pages, page_size, " + hd + "]"
@@ -90,13 +93,11 @@ void check_rope_pool(const RopePoolArgs& a) {
 
   // Checks 12 on: this library's own.
   // every tensor given, with its name, for the device check and its note
-  std::vector<std::pair<const char*, const TensorArg*>> given = {{"q", &q},
-                                                                 {"k", &k},
-                                                                 {"v", &v},
-                                                                 {"positions", &a.positions},
-                                                                 {"slots", &a.slots},
-                                                                 {"k_pool", &a.k_pool},
-                                                                 {"v_pool", &a.v_pool}};
+  std::vector<std::pair<const char*, const TensorArg*>> given = {{"q", &q}, {"k", &k}, {"v", &v}};
+  if (a.has_positions) given.push_back({"positions", &a.positions});
+  for (const auto& named :
+       {std::pair<const char*, const TensorArg*>{"slots", &a.slots}, {"k_pool", &a.k_pool}, {"v_pool", &a.v_pool}})
+    given.push_back(named);
   if (a.has_cache) given.push_back({"cos_sin_cache", &a.cos_sin_cache});
   if (a.has_k_scale) given.push_back({"k_scale", &a.k_scale});
   if (a.has_v_scale) given.push_back({"v_scale", &a.v_scale});
@@ -118,7 +119,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (rot % 2 != 0 || rot <= 0 || rot > a.head_dim)
     throw ValueError("rope_pool_fused expects an even rotary_dim in [2, head_dim], got " + std::to_string(rot));
   const auto is_index = [](DType d) { return d == DType::Int32 || d == DType::Int64; };
-  require(is_index(a.positions.dtype) && is_index(a.slots.dtype),
+  require((!a.has_positions || is_index(a.positions.dtype)) && is_index(a.slots.dtype),
           "rope_pool_fused expects int32 or int64 positions/slots");
   for (const TensorArg* t : {&q, &k, &v, &a.k_pool, &a.v_pool})
     require(t->stride(-1) == 1, "rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim");
@@ -148,8 +149,9 @@ void check_rope_pool(const RopePoolArgs& a) {
   }
 
   // What the kernel writes must not race with itself or with what it reads.
-  const TensorArg* reads[8] = {&q, &k, &v, &a.positions, &a.slots};
-  int nreads = 5;
+  const TensorArg* reads[8] = {&q, &k, &v, &a.slots};
+  int nreads = 4;
+  if (a.has_positions) reads[nreads++] = &a.positions;
   if (a.has_cache) reads[nreads++] = &a.cos_sin_cache;
   if (a.has_k_scale) reads[nreads++] = &a.k_scale;
   if (a.has_v_scale) reads[nreads++] = &a.v_scale;
@@ -211,6 +213,12 @@ void check_rope_pool(const RopePoolArgs& a) {
     if (a.inplace) ok = ok && !may_overlap(q, *weights[i]) && !may_overlap(k, *weights[i]);
     require(ok, "k_pool and v_pool (and q and k with inplace=True) must not overlap q_norm_weight or k_norm_weight");
   }
+
+  // Per-token cos/sin: without positions, token t reads row t of cos_sin_cache.
+  if (!a.has_positions && !(a.has_cache && a.cos_sin_cache.size(0) == T))
+    throw ValueError("positions=None needs cos_sin_cache of one row per token, [num_tokens, rotary_dim] = [" +
+                         std::to_string(T) + ", " + std::to_string(rot) + "]",
+                     a.has_cache ? "got " + shape_str(a.cos_sin_cache) : "got no cos_sin_cache");
 }
 
 std::vector<float> rope_inv_freq(double base, int64_t rotary_dim) {
@@ -257,7 +265,7 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   p.head_dim = static_cast<ap_i32>(a.head_dim);
   p.rotary_dim = static_cast<ap_i32>(a.rot());
   p.is_neox = a.is_neox ? 1 : 0;
-  p.positions_int64 = a.positions.dtype == DType::Int64 ? 1 : 0;
+  p.positions_kind = !a.has_positions ? 2 : a.positions.dtype == DType::Int64 ? 1 : 0;
   p.slots_int64 = a.slots.dtype == DType::Int64 ? 1 : 0;
   p.use_cache = a.has_cache ? 1 : 0;
   if (a.has_cache) {

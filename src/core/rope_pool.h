@@ -23,6 +23,7 @@ KvLayout parse_kv_layout(const std::string& name);
 
 struct RopePoolArgs {
   TensorArg q, k, v, positions, slots, k_pool, v_pool;
+  bool has_positions = true;  // false: token t's position is t (per-token cos_sin_cache rows)
   bool has_cache = false;
   TensorArg cos_sin_cache;  // [max_position, rotary_dim], float32 or bfloat16
   bool has_k_scale = false, has_v_scale = false;

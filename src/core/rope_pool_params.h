@@ -32,9 +32,10 @@ struct RopePoolParams {
   ap_i64 cache_len;     // rows of cos_sin_cache (max_position)
   ap_i32 num_qo_heads, num_kv_heads;
   ap_i32 head_dim, rotary_dim;
-  ap_i32 is_neox;    // 1: rotate halves; 0: GPT-J interleaved pairs
-  ap_i32 use_cache;  // 1: cos/sin from cos_sin_cache; 0: from inv_freq
-  ap_i32 positions_int64, slots_int64;
+  ap_i32 is_neox;         // 1: rotate halves; 0: GPT-J interleaved pairs
+  ap_i32 use_cache;       // 1: cos/sin from cos_sin_cache; 0: from inv_freq
+  ap_i32 positions_kind;  // 0 int32, 1 int64, 2 none: token t's position is t (one cos_sin_cache row per token)
+  ap_i32 slots_int64;
   ap_i32 cache_bf16;         // cos_sin_cache dtype: 1 bfloat16, 0 float32
   ap_i32 width;              // elements per memory access (1, or 16 bytes' worth)
   ap_i32 qk_items_per_head;  // work items of one q or k head (rotated + passed through)

@@ -112,7 +112,7 @@ RopePoolReference rope_pool_reference(const core::RopePoolArgs& a) {
   std::vector<double> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
 
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t pos = read_index(a.positions, t);
+    const int64_t pos = a.has_positions ? read_index(a.positions, t) : t;
     bool ok = true;
     for (int64_t i = 0; i < half; ++i) {
       if (a.has_cache) {

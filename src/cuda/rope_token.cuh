@@ -23,7 +23,7 @@ struct TokenPlace {
 __device__ __forceinline__ TokenPlace read_token_place(const RopePoolParams& p, const RopePoolPointers& ptr,
                                                        int64_t t) {
   TokenPlace tp;
-  tp.pos = read_index(ptr.positions, t, p.positions_int64);
+  tp.pos = p.positions_kind == 2 ? t : read_index(ptr.positions, t, p.positions_kind);
   tp.slot = read_index(ptr.slots, t, p.slots_int64);
   return tp;
 }

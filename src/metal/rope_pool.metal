@@ -84,7 +84,7 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
   if (long(group) >= p.num_tokens) return;
   const long t = long(group);
   const int half_rot = p.rotary_dim / 2;
-  const long pos = rope_read_index(positions, t, p.positions_int64);
+  const long pos = p.positions_kind == 2 ? t : rope_read_index(positions, t, p.positions_kind);
   const long slot = rope_read_index(slots, t, p.slots_int64);
   const bool pos_ok = p.use_cache == 0 || (pos >= 0 && pos < p.cache_len);
   const bool write_pool = pos_ok && slot >= 0 && slot < p.pool_size;

@@ -79,6 +79,7 @@ struct Case {
   DType dtype = DType::BFloat16;
   int64_t T = 17, hq = 8, hkv = 2, D = 64, rot = -1, pool = 40, pool_pad = 0;
   bool neox = true, cache = false, cache_bf16 = false, inplace = false, duplicate_slot = false;
+  bool token_rows = false;   // positions=None: token t reads row t of a cache of T rows
   int64_t page_size = 0;     // 0: a flat pool; else paged, `pool` slots in pages of this many
   bool hnd = false;          // paged layout: [pages, heads, page, D] instead of [pages, page, heads, D]
   bool empty_pages = false;  // paged, 3 pages of no slots (page_size 0): every slot is past the pool
@@ -166,15 +167,17 @@ void run_case(const Case& c, uint32_t seed) {
   if (c.duplicate_slot && c.T > 4) slots[4] = slots[0] = 7;
   a.positions = test::make({c.T}, DType::Int64, mps);
   a.positions.data = positions.data();
+  a.has_positions = !c.token_rows;
   a.slots = test::make({c.T}, DType::Int32, mps);
   a.slots.data = slots.data();
   Buffer<float> cache32;
   std::vector<uint16_t> cache16;
   const int64_t rot = c.rot < 0 ? c.D : c.rot;
+  const int64_t rows = c.token_rows ? c.T : 300;
   if (c.cache) {
-    cache32.make({300, rot}, DType::Float32, seed + 7);
+    cache32.make({rows, rot}, DType::Float32, seed + 7);
     auto* f = reinterpret_cast<float*>(cache32.raw.bytes.data());
-    for (int64_t p = 0; p < 300; ++p)
+    for (int64_t p = 0; p < rows; ++p)
       for (int64_t i = 0; i < rot / 2; ++i) {  // a scaled table: not what rope_base would give
         const double ang = p * std::pow(500000.0, -2.0 * i / rot) / 8.0;
         f[p * rot + i] = static_cast<float>(std::cos(ang));
@@ -183,9 +186,9 @@ void run_case(const Case& c, uint32_t seed) {
     a.has_cache = true;
     a.cos_sin_cache = cache32.arg;
     if (c.cache_bf16) {
-      cache16.resize(static_cast<size_t>(300 * rot));
+      cache16.resize(static_cast<size_t>(rows * rot));
       for (size_t i = 0; i < cache16.size(); ++i) cache16[i] = cpu::float_to_bf16(f[i]);
-      a.cos_sin_cache = test::make({300, rot}, DType::BFloat16, mps);
+      a.cos_sin_cache = test::make({rows, rot}, DType::BFloat16, mps);
       a.cos_sin_cache.data = cache16.data();
     }
   }
@@ -209,7 +212,7 @@ void run_case(const Case& c, uint32_t seed) {
   const core::MetalDispatch plan = core::plan_rope_pool_metal(a, q_rot_arg, k_rot_arg);
 
   const auto ref = cpu::rope_pool_reference(a);  // before the kernel: inplace overwrites q/k
-  std::vector<float> cache_as_f32(c.cache && !c.cache_bf16 ? 300 * rot : 1);
+  std::vector<float> cache_as_f32(c.cache && !c.cache_bf16 ? rows * rot : 1);
   if (c.cache && !c.cache_bf16) std::memcpy(cache_as_f32.data(), cache32.raw.bytes.data(), cache_as_f32.size() * 4);
 
   // the weights as the kernel's float32 buffers see them (used when a weight is float32)
@@ -221,10 +224,10 @@ void run_case(const Case& c, uint32_t seed) {
   Elem* k_out = c.inplace ? k.dev.data() : ko.dev.data();
   emu::dispatch(plan.threadgroups + c.pad_groups, c.threads, seed, [&](uint g, uint lane, uint n) {
     rope_pool<Elem>(q.dev.data(), k.dev.data(), v.dev.data(), q_out, k_out, kp.dev.data(), vp.dev.data(),
-                    reinterpret_cast<const int*>(positions.data()), reinterpret_cast<const int*>(slots.data()),
-                    cache_as_f32.data(), cache16.empty() ? nullptr : cache16.data(), fed,
-                    static_cast<const float*>(q_w32), wT.dev.data(), static_cast<const float*>(k_w32), wT.dev.data(), g,
-                    lane, n);
+                    c.token_rows ? nullptr : reinterpret_cast<const int*>(positions.data()),
+                    reinterpret_cast<const int*>(slots.data()), cache_as_f32.data(),
+                    cache16.empty() ? nullptr : cache16.data(), fed, static_cast<const float*>(q_w32), wT.dev.data(),
+                    static_cast<const float*>(k_w32), wT.dev.data(), g, lane, n);
   });
   CHECK(std::memcmp(&fed, &plan.params, sizeof(fed)) == 0);
 
@@ -337,6 +340,19 @@ TEST_CASE("emulated Metal kernel: partial rotary, GPT-J, cos_sin_cache, inplace,
   run_case<half>(c, seed++);
 }
 
+TEST_CASE("emulated Metal kernel: per-token cos/sin (positions=None), float32 and bfloat16 rows, with the QK norm") {
+  uint32_t seed = 150;
+  for (bool bf16 : {false, true})
+    for (int norm : {0, 1}) {
+      Case c;
+      c.cache = c.token_rows = true;
+      c.cache_bf16 = bf16;
+      c.norm = norm;
+      c.neox = !bf16;
+      run_case<bfloat>(c, seed++);
+    }
+}
+
 TEST_CASE("emulated Metal kernel: paged pools, NHD and HND, pages of 1, 4 and 16 slots, padded pages") {
   uint32_t seed = 300;
   for (bool hnd : {false, true})
@@ -424,7 +440,7 @@ TEST_CASE("the dispatcher's parameter block: strides, flags, table") {
   CHECK_EQ(d.params.kp_stride_page, int64_t{3 * 128});
   CHECK_EQ(d.params.vp_stride_page, int64_t{2 * 128});
   CHECK_EQ(d.params.pool_size, int64_t{9});
-  CHECK_EQ(d.params.positions_int64, 0);
+  CHECK_EQ(d.params.positions_kind, 0);
   CHECK_EQ(d.params.slots_int64, 1);
   CHECK_EQ(d.params.is_neox, 0);
   CHECK_EQ(d.params.inv_freq[5], static_cast<float>(1.0 / std::pow(500000.0, 10.0 / 64)));

@@ -17,6 +17,7 @@ PUBLIC = {
     "rope_pool_fused": (attnprep.rope_pool_fused, "cuda"),
     "rope_cos_sin_cache": (attnprep.rope_cos_sin_cache, "cpu"),
     "rope_kwargs_from_config": (attnprep.rope_kwargs_from_config, "cpu"),
+    "rope_cos_sin_rows": (attnprep.rope_cos_sin_rows, "cpu"),
     "ulysses_attention": (ulysses.ulysses_attention, None),
     "scatter_heads": (ulysses.scatter_heads, None),
     "gather_heads": (ulysses.gather_heads, None),
