@@ -32,7 +32,8 @@ Any dtype works: the output side merges float16/bfloat16/float32 with
 usp_merge_heads and other dtypes (float64, say) with torch's permute.
 """
 
-from .agreement import AUTO_CHUNKS, GATHER_SHAPE, INFERENCE_ONLY, VALIDATE_IN_CAPTURE
+from .agreement import AUTO_CHUNKS, GATHER_SHAPE, INFERENCE_ONLY, MASK_NEEDS_BATCH, VALIDATE_IN_CAPTURE
+from .batched import BATCHED_SHAPE, KV_DIVIDES, MASK_SHAPE, sdpa_batched
 from .exchange import gather_heads, scatter_heads
 from .layer import AttnFn, UlyssesAttention, sdpa, ulysses_attention
 from .projection import UlyssesQKVProjection, destination_major_qkv_weight, project_destination_major
@@ -42,6 +43,11 @@ __all__ = [
     "GATHER_SHAPE",
     "INFERENCE_ONLY",
     "VALIDATE_IN_CAPTURE",
+    "MASK_NEEDS_BATCH",
+    "BATCHED_SHAPE",
+    "KV_DIVIDES",
+    "MASK_SHAPE",
+    "sdpa_batched",
     "AttnFn",
     "UlyssesAttention",
     "UlyssesQKVProjection",

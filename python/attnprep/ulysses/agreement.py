@@ -41,7 +41,7 @@ def _check_local(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
 # What every rank tells the others before any data moves: its geometry, then
 # the verdict of its local checks (0: passed, 1: ValueError, 2: TypeError)
 # with the message as UTF-8 bytes, one per int64.
-_FIELDS = ("rows", "q heads", "kv heads", "head_dim", "dtype", "chunks", "wire_dtype", "transport", "causal")
+_FIELDS = ("q dims", "rows", "q heads", "kv heads", "head_dim", "dtype", "chunks", "wire_dtype", "transport", "causal")
 
 
 _WIRE = {None: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
@@ -51,6 +51,9 @@ _TRANSPORTS = {"nccl": 0, "copy_engine": 1}
 
 
 _MESSAGE_BYTES = 240
+# Every description has room for this many fields, so that ranks that take
+# different paths (3-D and batched inputs) still gather tensors of one size.
+_MAX_FIELDS = 16
 
 
 # A dtype as the agreement sends it: the CRC-32 of its name, the same in every process and torch release and
@@ -133,13 +136,13 @@ def _describe(fields: Tuple[str, ...], local: Callable[[], list]) -> Tensor:
     ``local()`` returns after this rank's local checks, or the verdict of
     those checks with the message."""
     n = len(fields)
-    info = torch.zeros(n + 1 + _MESSAGE_BYTES, dtype=torch.int64)
+    info = torch.zeros(_MAX_FIELDS + 1 + _MESSAGE_BYTES, dtype=torch.int64)
     try:
         info[:n] = torch.tensor(local())
     except (ValueError, TypeError) as e:
-        info[n] = 1 if isinstance(e, ValueError) else 2
+        info[_MAX_FIELDS] = 1 if isinstance(e, ValueError) else 2
         text = str(e).encode()[:_MESSAGE_BYTES]
-        info[n + 1 : n + 1 + len(text)] = torch.tensor(list(text), dtype=torch.int64)
+        info[_MAX_FIELDS + 1 : _MAX_FIELDS + 1 + len(text)] = torch.tensor(list(text), dtype=torch.int64)
     return info
 
 
@@ -152,7 +155,7 @@ def _shown(field: str, x: int):
         return next(t for t, c in _TRANSPORTS.items() if c == x)
     if field == "chunks" and x == _AUTO_FIELD:
         return "auto"
-    if field == "causal":
+    if field in ("causal", "key_padding_mask"):
         return bool(x)
     return x
 
@@ -164,10 +167,10 @@ VALIDATE_IN_CAPTURE = (
 )
 
 
-def _agree_on(group, fields: Tuple[str, ...], local: Callable[[], list]) -> list:
-    """Every rank raises the same error, or none does: one all_gather of each
-    rank's _describe; returns the values every rank agreed on. ``fields``
-    starts with "rows"."""
+def _every_rank(group, fields: Tuple[str, ...], local: Callable[[], list]) -> list:
+    """One all_gather of each rank's _describe: every rank's values of ``fields``,
+    after raising (on every rank alike) the error of the lowest rank whose local
+    checks failed."""
     # before the collective: inside a capture it would be recorded, not run,
     # and reading its result would invalidate the capture with a CUDA error
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -181,29 +184,48 @@ def _agree_on(group, fields: Tuple[str, ...], local: Callable[[], list]) -> list
     every = [t.cpu() for t in every]
     n = len(fields)
     for rank, info in enumerate(every):
-        verdict = int(info[n])
+        verdict = int(info[_MAX_FIELDS])
         if verdict:
-            text = bytes(int(b) for b in info[n + 1 :] if b).decode(errors="replace")
+            text = bytes(int(b) for b in info[_MAX_FIELDS + 1 :] if b).decode(errors="replace")
             raise (ValueError if verdict == 1 else TypeError)(f"ulysses: rank {rank}: {text}")
-    rows = [int(t[0]) for t in every]
-    if len(set(rows)) != 1:
-        raise ValueError(f"ulysses: every rank must hold the same number of rows, got {rows}")
-    for i, field in enumerate(fields[1:], start=1):
-        values = [int(t[i]) for t in every]
-        if len(set(values)) != 1:
-            shown = "[" + ", ".join(str(_shown(field, x)) for x in values) + "]"
-            raise ValueError(f"ulysses: every rank must pass the same {field}, got {shown}")
-    return [int(x) for x in every[0][:n]]
+    return [[int(x) for x in t[:n]] for t in every]
 
 
-def _layer_fields(q, k, v, world: int, chunks=1, wire_dtype=None, transport="nccl", attn_fn=None, causal=False) -> list:
+def _require_same(fields: Tuple[str, ...], every: list, varying: Tuple[str, ...] = ()) -> None:
+    """Every rank's values of each field but ``varying`` must be the same. ``fields`` starts with "rows"."""
+    for i, field in enumerate(fields):
+        values = [e[i] for e in every]
+        if field in varying or len(set(values)) == 1:
+            continue
+        if field == "rows":
+            raise ValueError(f"ulysses: every rank must hold the same number of rows, got {values}")
+        shown = "[" + ", ".join(str(_shown(field, x)) for x in values) + "]"
+        raise ValueError(f"ulysses: every rank must pass the same {field}, got {shown}")
+
+
+def _agree_on(group, fields: Tuple[str, ...], local: Callable[[], list]) -> list:
+    """Every rank raises the same error, or none does: one all_gather of each
+    rank's _describe; returns the values every rank agreed on."""
+    every = _every_rank(group, fields, local)
+    _require_same(fields, every)
+    return every[0]
+
+
+MASK_NEEDS_BATCH = "ulysses: key_padding_mask needs batched [batch, rows, heads, head_dim] inputs"
+
+
+def _layer_fields(
+    q, k, v, world: int, chunks=1, wire_dtype=None, transport="nccl", attn_fn=None, causal=False, key_padding_mask=None
+) -> list:
     """The layer's (and scatter_heads') local checks, in order; returns its _FIELDS."""
     _check_local(q, k, v, world)
     count = _local_chunks(q.shape[1], k.shape[1], world, chunks)
     wire = _wire_code(wire_dtype, count)
     how = _transport_code(transport, q, wire_dtype)
     attention = _causal_code(attn_fn, causal)
-    return [q.shape[0], q.shape[1], k.shape[1], q.shape[2], _dtype_code(q.dtype), count, wire, how, attention]
+    if key_padding_mask is not None:
+        raise ValueError(MASK_NEEDS_BATCH)
+    return [3, q.shape[0], q.shape[1], k.shape[1], q.shape[2], _dtype_code(q.dtype), count, wire, how, attention]
 
 
 def _checked_chunks(q, k, v, group, validate: bool, *args) -> int:

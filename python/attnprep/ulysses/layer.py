@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .. import _C, _peer
 from .agreement import _AUTO_FIELD, AUTO_CHUNKS, _checked_chunks, _plan, _world
+from .batched import batched_attention
 from .exchange import _pack_torch, _scatter, _unit_head_dim, _unpack, gather_heads
 
 Tensor = torch.Tensor
@@ -46,6 +47,7 @@ def ulysses_attention(
     chunks=1,
     wire_dtype=None,
     transport: str = "nccl",
+    key_padding_mask: Optional[Tensor] = None,
 ) -> Tensor:
     """Attention over the whole sequence for this rank's shard of it.
 
@@ -57,16 +59,22 @@ def ulysses_attention(
     Parameters
     ----------
     q : torch.Tensor
-        ``[rows, H, D]``: this rank's rows of the sequence (rank order).
+        ``[rows, H, D]``: this rank's rows of the sequence (rank order); or
+        batched ``[B, rows, H, D]`` (the models' shape, strided views
+        included), where each rank may hold its own number of rows and ``H``
+        need not divide by the world size (padded; masked in attention).
     k, v : torch.Tensor
-        ``[rows, H_kv, D]``; ``H_kv`` divides ``H`` and is a multiple of the
-        world size or divides it (then each rank gets the kv head its q heads
-        use).
+        ``[rows, H_kv, D]`` (``[B, rows, H_kv, D]``); ``H_kv`` divides ``H``
+        and, for 3-D inputs, is a multiple of the world size or divides it
+        (then each rank gets the kv head its q heads use).
     group : torch.distributed.ProcessGroup, optional
         The ranks (default: the world).
     attn_fn : callable, optional
         ``attn_fn(q, k, v)`` on ``[S, h, D]`` tensors, returning ``[S, h, D]``
-        (default: :func:`sdpa` with ``causal``).
+        (default: :func:`sdpa` with ``causal``); for batched inputs
+        ``attn_fn(q, k, v, key_mask)`` on ``[B, S, h, D]`` tensors with a
+        ``[B, S]`` bool key mask (True: attend) or None (default:
+        :func:`sdpa_batched`).
     causal : bool
         For the default attention.
     validate : bool
@@ -81,11 +89,15 @@ def ulysses_attention(
         fp8 with a scale per row and head.
     transport : str
         ``"nccl"`` or ``"copy_engine"`` (one node, peer access).
+    key_padding_mask : torch.Tensor, optional
+        Batched inputs only: ``[B, rows]`` bool, True for this rank's keys
+        that take part in attention.
 
     Returns
     -------
     torch.Tensor
-        ``[rows, H, D]``, q's dtype and device.
+        ``[rows, H, D]`` (``[B, rows, H, D]``, a view of the layer's output
+        buffer), q's dtype and device.
 
     Raises
     ------
@@ -99,7 +111,18 @@ def ulysses_attention(
 
     >>> out = ulysses_attention(q, k, v, causal=True)  # doctest: +SKIP
     """
-    chunks = _checked_chunks(q, k, v, group, validate, chunks, wire_dtype, transport, attn_fn, causal)
+    if isinstance(q, Tensor) and q.dim() == 4:
+        return batched_attention(
+            q, k, v, key_padding_mask, group, attn_fn, causal, validate, chunks, wire_dtype, transport, _attention
+        )
+    return _attention(q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask)
+
+
+def _attention(
+    q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask=None
+) -> Tensor:
+    """The layer on ``[rows, heads, D]`` inputs."""
+    chunks = _checked_chunks(q, k, v, group, validate, chunks, wire_dtype, transport, attn_fn, causal, key_padding_mask)
     attn = _checked(attn_fn or sdpa(causal))
     if transport == "nccl" and (chunks == 1 or (chunks == _AUTO_FIELD and AUTO_CHUNKS == 1)):
         ql, kl, vl = _scatter(q, k, v, group, False, wire_dtype)
@@ -184,7 +207,17 @@ class UlyssesAttention(torch.nn.Module):
         self.group, self.attn_fn, self.causal, self.validate = group, attn_fn, causal, validate
         self.chunks, self.wire_dtype, self.transport = chunks, wire_dtype, transport
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
         return ulysses_attention(
-            q, k, v, self.group, self.attn_fn, self.causal, self.validate, self.chunks, self.wire_dtype, self.transport
+            q,
+            k,
+            v,
+            self.group,
+            self.attn_fn,
+            self.causal,
+            self.validate,
+            self.chunks,
+            self.wire_dtype,
+            self.transport,
+            key_padding_mask,
         )

@@ -1,0 +1,204 @@
+"""The layer on the models' shapes: ``[batch, rows, heads, head_dim]`` per rank,
+each rank its own number of rows, any head count, an optional key-padding
+mask. Rows are padded to the longest rank's and masked as keys, heads padded
+to a multiple of the world size (k/v expanded to q's heads where the kv heads
+cannot be split or replicated); the batch folds into the rows of the
+three-dimensional layer, whose attention sees each sequence whole again."""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .agreement import (
+    INFERENCE_ONLY,
+    _causal_code,
+    _dtype_code,
+    _every_rank,
+    _local_chunks,
+    _require_same,
+    _transport_code,
+    _wire_code,
+    _world,
+)
+
+Tensor = torch.Tensor
+BatchedAttnFn = Callable[[Tensor, Tensor, Tensor, Optional[Tensor]], Tensor]
+
+BATCHED_SHAPE = "ulysses: q must be [batch, rows, heads, head_dim] and k, v [batch, rows, kv_heads, head_dim]"
+KV_DIVIDES = "ulysses: kv_heads must divide the q heads"
+MASK_SHAPE = "ulysses: key_padding_mask must be a bool tensor [batch, rows] on q's device"
+# What every rank tells the others (one agreement): "rows" may differ between ranks.
+_BATCHED_FIELDS = (
+    "q dims",
+    "rows",
+    "batch",
+    "q heads",
+    "kv heads",
+    "head_dim",
+    "dtype",
+    "key_padding_mask",
+    "chunks",
+    "wire_dtype",
+    "transport",
+    "causal",
+)
+
+
+def padded_heads(heads: int, kv: int, world: int) -> Tuple[int, int]:
+    """(q heads, kv heads) as the exchange carries them: q heads padded with zero
+    heads to a multiple of the world size; kv heads as given where they split
+    across the ranks or divide the world size (and q needed no padding), else
+    expanded to one per q head and padded alike."""
+    if heads % world == 0 and (kv % world == 0 or world % kv == 0):
+        return heads, kv
+    padded = -(-heads // world) * world
+    return padded, padded
+
+
+def sdpa_batched(causal: bool = False, scale: Optional[float] = None) -> BatchedAttnFn:
+    """Default attention of batched inputs: ``[B, S, h, D]`` q/k/v and a key
+    mask ``[B, S]`` (True: attend; None: every key) -> ``[B, S, h, D]``, through
+    torch's scaled_dot_product_attention; fewer k/v heads are repeated."""
+
+    def attn(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor]) -> Tensor:
+        if k.shape[2] != q.shape[2]:
+            rep = q.shape[2] // k.shape[2]
+            k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        if causal and mask is not None:
+            s = q.shape[1]
+            mask = mask & torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=mask,
+            is_causal=causal and mask is None,
+            scale=scale,
+        )
+        return out.transpose(1, 2)
+
+    return attn
+
+
+def _batched_fields(q, k, v, key_padding_mask, world: int, chunks, wire_dtype, transport, attn_fn, causal) -> list:
+    """The batched layer's local checks, in order; returns its _BATCHED_FIELDS."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not (
+        q.dim() == 4
+        and k.dim() == 4
+        and k.shape == v.shape
+        and k.shape[:2] == q.shape[:2]
+        and k.shape[3] == q.shape[3]
+        and k.shape[2] > 0
+    ):
+        raise ValueError(BATCHED_SHAPE)
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(KV_DIVIDES)
+    if not (q.device == k.device == v.device):
+        raise ValueError("ulysses: q, k and v must be on one device")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError("ulysses: q, k and v must have one dtype")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError(INFERENCE_ONLY)
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor):
+            raise TypeError(f"key_padding_mask must be a torch.Tensor, got {type(key_padding_mask).__name__}")
+        m = key_padding_mask
+        if m.dtype != torch.bool or m.shape != q.shape[:2] or m.device != q.device:
+            raise ValueError(MASK_SHAPE)
+    heads, kv = padded_heads(q.shape[2], k.shape[2], world)
+    count = _local_chunks(heads, kv, world, chunks)
+    wire = _wire_code(wire_dtype, count)
+    how = _transport_code(transport, q, wire_dtype)
+    attention = _causal_code(attn_fn, causal)
+    batch, rows, _, dim = q.shape
+    return [4, rows, batch, q.shape[2], k.shape[2], dim, _dtype_code(q.dtype), int(key_padding_mask is not None)] + [
+        count,
+        wire,
+        how,
+        attention,
+    ]
+
+
+def _fold(t: Tensor, rows: int, heads: int, expand: int = 1) -> Tensor:
+    """``[B, S, h, D]`` -> ``[B * rows, heads, D]``: each head repeated ``expand``
+    times (kv heads expanded to q's), then rows and heads padded with zeros; a
+    view where nothing is padded or expanded and the batch folds into the rows."""
+    if expand > 1:
+        t = t.repeat_interleave(expand, dim=2)
+    batch, s, h, dim = t.shape
+    if s == rows and h == heads:
+        return t.reshape(batch * rows, heads, dim)
+    out = t.new_zeros(batch, rows, heads, dim)
+    out[:, :s, :h] = t
+    return out.view(batch * rows, heads, dim)
+
+
+def _sequence_mask(valid: Tensor, group, world: int) -> Tensor:
+    """Every rank's ``[B, rows]`` key validity -> the whole sequence's ``[B, world * rows]`` (rank order)."""
+    mine = valid.to(torch.uint8).contiguous()
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    return torch.stack(every, dim=1).flatten(1, 2).to(torch.bool)
+
+
+def batched_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_padding_mask: Optional[Tensor],
+    group,
+    attn_fn: Optional[BatchedAttnFn],
+    causal: bool,
+    validate: bool,
+    chunks,
+    wire_dtype,
+    transport: str,
+    layer: Callable,
+) -> Tensor:
+    """ulysses_attention on ``[B, S, H, D]`` inputs (``layer``: the three-dimensional one)."""
+    world, _ = _world(group)
+
+    def local():
+        return _batched_fields(q, k, v, key_padding_mask, world, chunks, wire_dtype, transport, attn_fn, causal)
+
+    if validate:
+        every = _every_rank(group, _BATCHED_FIELDS, local)
+        _require_same(_BATCHED_FIELDS, every, varying=("rows",))
+        rows: List[int] = [e[1] for e in every]
+    else:
+        rows = [local()[1]] * world  # the caller promises that every rank holds as many rows
+    batch, s, heads, dim = q.shape
+    longest = max(rows)
+    ph, pkv = padded_heads(heads, k.shape[2], world)
+    masked = key_padding_mask is not None or len(set(rows)) > 1
+    key_mask = None
+    if masked:
+        valid = torch.zeros(batch, longest, dtype=torch.bool, device=q.device)
+        valid[:, :s] = True if key_padding_mask is None else key_padding_mask
+        key_mask = _sequence_mask(valid, group, world)
+    attend = attn_fn or sdpa_batched(causal)
+
+    def whole_sequences(ql: Tensor, kl: Tensor, vl: Tensor) -> Tensor:
+        """Attention on the layer's ``[world * B * rows, h, D]`` (rows by source
+        rank, then batch): each sequence whole, then back in that order."""
+
+        def unfold(t):
+            return t.view(world, batch, longest, t.shape[1], dim).transpose(0, 1).reshape(batch, -1, t.shape[1], dim)
+
+        out = attend(unfold(ql), unfold(kl), unfold(vl), key_mask)
+        if not (isinstance(out, Tensor) and out.shape == (batch, world * longest, ql.shape[1], dim)):
+            return out  # the layer reports it, with its message
+        return out.view(batch, world, longest, ql.shape[1], dim).transpose(0, 1).reshape(ql.shape)
+
+    expand = heads // k.shape[2] if pkv != k.shape[2] else 1
+    q3, k3, v3 = _fold(q, longest, ph), _fold(k, longest, pkv, expand), _fold(v, longest, pkv, expand)
+    out = layer(q3, k3, v3, group, whole_sequences, causal, False, chunks, wire_dtype, transport)
+    return out.view(batch, longest, ph, dim)[:, :s, :heads]
