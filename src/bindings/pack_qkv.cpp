@@ -94,6 +94,13 @@ void check_ulysses_geometry(nb::handle q, nb::handle k, nb::handle v, int64_t wo
                                world_size);
 }
 
+void check_ulysses_batched(nb::handle q, nb::handle k, nb::handle v, nb::handle key_padding_mask) {
+  const ImportedTensor tq = import_metadata(q, "q"), tk = import_metadata(k, "k"), tv = import_metadata(v, "v");
+  if (key_padding_mask.is_none()) return core::check_ulysses_batched(tq.arg, tk.arg, tv.arg, nullptr);
+  const ImportedTensor mask = import_metadata(key_padding_mask, "key_padding_mask");
+  core::check_ulysses_batched(tq.arg, tk.arg, tv.arg, &mask.arg);
+}
+
 }  // namespace
 
 void init_pack_qkv(nb::module_& m) {
@@ -112,6 +119,9 @@ void init_pack_qkv(nb::module_& m) {
   m.def("_check_ulysses_geometry", &check_ulysses_geometry, nb::arg("q").none(), nb::arg("k").none(),
         nb::arg("v").none(), nb::arg("world_size"),
         "Internal: the Ulysses layer's head-geometry checks (metadata only, any device).");
+  m.def("_check_ulysses_batched", &check_ulysses_batched, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
+        nb::arg("key_padding_mask").none(),
+        "Internal: the Ulysses layer's checks of batched inputs and their key-padding mask (metadata only).");
 }
 
 }  // namespace attnprep::bindings

@@ -131,6 +131,20 @@ void check_ulysses_geometry(const TensorArg& q, const TensorArg& k, const Tensor
           "ulysses: q, k and v are too large: the exchange buffers would exceed 2^63 - 1 bytes");
 }
 
+void check_ulysses_batched(const TensorArg& q, const TensorArg& k, const TensorArg& v, const TensorArg* mask) {
+  require(q.ndim == 4 && k.ndim == 4 && k.same_shape(v) && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+              k.size(3) == q.size(3) && k.size(2) > 0,
+          "ulysses: q must be [batch, rows, heads, head_dim] and k, v [batch, rows, kv_heads, head_dim]");
+  require(q.size(2) % k.size(2) == 0, "ulysses: kv_heads must divide the q heads");
+  require(q.device == k.device && q.device == v.device, "ulysses: q, k and v must be on one device");
+  require(q.dtype == k.dtype && q.dtype == v.dtype && q.itemsize == k.itemsize && q.itemsize == v.itemsize,
+          "ulysses: q, k and v must have one dtype");
+  if (mask)
+    require(mask->dtype == DType::Bool && mask->ndim == 2 && mask->size(0) == q.size(0) && mask->size(1) == q.size(1) &&
+                mask->device == q.device,
+            "ulysses: key_padding_mask must be a bool tensor [batch, rows] on q's device");
+}
+
 void check_ulysses_chunks(int64_t local_q, int64_t local_kv, bool kv_split, int64_t chunks) {
   require(chunks >= 1 && local_q % chunks == 0 && (!kv_split || local_kv % chunks == 0),
           "ulysses: chunks must be positive and divide each rank's q heads (and its kv heads when they are split)");

@@ -83,6 +83,9 @@ struct PackGqaShape {
 };
 // The head geometry alone (any device): shared with the layer's CPU path.
 void check_ulysses_geometry(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size);
+// The layer's checks of batched inputs, q [B, rows, H, D], k and v [B, rows, H_kv, D], and the optional
+// key-padding mask [B, rows] (null: none); any world size (heads are padded to it).
+void check_ulysses_batched(const TensorArg& q, const TensorArg& k, const TensorArg& v, const TensorArg* mask);
 // The geometry, then: a CUDA device, unit stride in head_dim, and `chunks`
 // dividing the local q heads (and the local kv heads when they are split).
 PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size,

@@ -139,10 +139,11 @@ def _local_errors_body(rank, world, device):
 def test_local_checks_in_order():
     (got,), codes = spawn_ranks(run_rank, 1, "gloo", _local_errors_body, timeout=120)
     assert got[1] == [
-        "ValueError: ulysses: rank 0: " + ulysses.KV_DIVIDES,
-        "ValueError: ulysses: rank 0: " + ulysses.BATCHED_SHAPE,
-        "ValueError: ulysses: rank 0: " + ulysses.MASK_NEEDS_BATCH,
-        "ValueError: ulysses: rank 0: " + ulysses.MASK_SHAPE,
+        "ValueError: ulysses: rank 0: ulysses: kv_heads must divide the q heads",
+        "ValueError: ulysses: rank 0: ulysses: q must be [batch, rows, heads, head_dim] and k, v "
+        "[batch, rows, kv_heads, head_dim]",
+        "ValueError: ulysses: rank 0: ulysses: key_padding_mask needs batched [batch, rows, heads, head_dim] inputs",
+        "ValueError: ulysses: rank 0: ulysses: key_padding_mask must be a bool tensor [batch, rows] on q's device",
         "TypeError: ulysses: rank 0: key_padding_mask must be a torch.Tensor, got list",
     ]
     assert codes == [0]

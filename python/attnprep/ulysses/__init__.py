@@ -33,7 +33,7 @@ usp_merge_heads and other dtypes (float64, say) with torch's permute.
 """
 
 from .agreement import AUTO_CHUNKS, GATHER_SHAPE, INFERENCE_ONLY, MASK_NEEDS_BATCH, VALIDATE_IN_CAPTURE
-from .batched import BATCHED_SHAPE, KV_DIVIDES, MASK_SHAPE, sdpa_batched
+from .batched import sdpa_batched
 from .exchange import gather_heads, scatter_heads
 from .layer import AttnFn, UlyssesAttention, sdpa, ulysses_attention
 from .projection import UlyssesQKVProjection, destination_major_qkv_weight, project_destination_major
@@ -44,9 +44,6 @@ __all__ = [
     "INFERENCE_ONLY",
     "VALIDATE_IN_CAPTURE",
     "MASK_NEEDS_BATCH",
-    "BATCHED_SHAPE",
-    "KV_DIVIDES",
-    "MASK_SHAPE",
     "sdpa_batched",
     "AttnFn",
     "UlyssesAttention",

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .. import _C
 from .agreement import (
     INFERENCE_ONLY,
     _causal_code,
@@ -28,9 +29,6 @@ from .agreement import (
 Tensor = torch.Tensor
 BatchedAttnFn = Callable[[Tensor, Tensor, Tensor, Optional[Tensor]], Tensor]
 
-BATCHED_SHAPE = "ulysses: q must be [batch, rows, heads, head_dim] and k, v [batch, rows, kv_heads, head_dim]"
-KV_DIVIDES = "ulysses: kv_heads must divide the q heads"
-MASK_SHAPE = "ulysses: key_padding_mask must be a bool tensor [batch, rows] on q's device"
 # What every rank tells the others (one agreement): "rows" may differ between ranks.
 _BATCHED_FIELDS = (
     "q dims",
@@ -87,32 +85,9 @@ def sdpa_batched(causal: bool = False, scale: Optional[float] = None) -> Batched
 
 def _batched_fields(q, k, v, key_padding_mask, world: int, chunks, wire_dtype, transport, attn_fn, causal) -> list:
     """The batched layer's local checks, in order; returns its _BATCHED_FIELDS."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not (
-        q.dim() == 4
-        and k.dim() == 4
-        and k.shape == v.shape
-        and k.shape[:2] == q.shape[:2]
-        and k.shape[3] == q.shape[3]
-        and k.shape[2] > 0
-    ):
-        raise ValueError(BATCHED_SHAPE)
-    if q.shape[2] % k.shape[2]:
-        raise ValueError(KV_DIVIDES)
-    if not (q.device == k.device == v.device):
-        raise ValueError("ulysses: q, k and v must be on one device")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError("ulysses: q, k and v must have one dtype")
+    _C._check_ulysses_batched(q, k, v, key_padding_mask)  # the messages live in src/core, once
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError(INFERENCE_ONLY)
-    if key_padding_mask is not None:
-        if not isinstance(key_padding_mask, Tensor):
-            raise TypeError(f"key_padding_mask must be a torch.Tensor, got {type(key_padding_mask).__name__}")
-        m = key_padding_mask
-        if m.dtype != torch.bool or m.shape != q.shape[:2] or m.device != q.device:
-            raise ValueError(MASK_SHAPE)
     heads, kv = padded_heads(q.shape[2], k.shape[2], world)
     count = _local_chunks(heads, kv, world, chunks)
     wire = _wire_code(wire_dtype, count)
