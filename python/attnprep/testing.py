@@ -84,6 +84,36 @@ def cos_sin(
     return torch.cos(angle.double()), torch.sin(angle.double())
 
 
+def mrope_axes(half: int, mrope_section, interleaved: bool) -> Tensor:
+    """M-RoPE: the position axis (0 time, 1 height, 2 width) that rotates each of
+    the ``half`` frequencies. Contiguous sections (Qwen2-VL, Qwen2.5-VL):
+    section j covers the next ``mrope_section[j]`` frequencies with axis j;
+    interleaved (Qwen3-VL): frequency i takes height where i % 3 == 1 and
+    width where i % 3 == 2, within 3 * that section's size, time elsewhere."""
+    if sum(mrope_section) != half:
+        raise ValueError(f"mrope_section must sum to rotary_dim / 2 = {half}, got {list(mrope_section)}")
+    i = torch.arange(half)
+    if not interleaved:
+        return torch.repeat_interleave(torch.arange(len(mrope_section)) % 3, torch.tensor(list(mrope_section)))
+    axes = torch.zeros(half, dtype=torch.int64)
+    for axis in (1, 2):
+        axes[(i % 3 == axis) & (i < 3 * mrope_section[axis])] = axis
+    return axes
+
+
+def mrope_cos_sin_rows(cos_sin_cache: Tensor, positions: Tensor, mrope_section, interleaved: bool = False) -> Tensor:
+    """The per-token cos/sin rows ``[T, rotary_dim]`` of M-RoPE from a table
+    ``[max_position, rotary_dim]`` and positions ``[3, T]`` (time, height,
+    width): frequency i of token t from row ``positions[axis(i), t]``
+    (:func:`mrope_axes`). What ``rope_pool_fused(positions=None,
+    cos_sin_cache=rows)`` rotates a VL model's tokens with."""
+    half = cos_sin_cache.shape[1] // 2
+    axes = mrope_axes(half, mrope_section, interleaved).to(positions.device)
+    rows = positions[axes].t()  # [T, half]: each frequency's row
+    i = torch.arange(half, device=cos_sin_cache.device)
+    return torch.cat([cos_sin_cache[rows, i], cos_sin_cache[rows, half + i]], dim=1)
+
+
 def rope_reference(x: Tensor, cos: Tensor, sin: Tensor, rotary_dim: int, is_neox: bool) -> Tensor:
     """x ``[T, H, D]`` -> float64 rotated copy (on the CPU); elements past rotary_dim pass through."""
     x = x.detach().cpu().double()
