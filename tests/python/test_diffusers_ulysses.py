@@ -1,9 +1,9 @@
 """attnprep.integrations.diffusers inside diffusers' own context parallelism:
-a tiny random Flux transformer (diffusers' model class, its own sharding and
-gathering hooks) on 2 gloo processes, its Ulysses attention through
-attnprep's layer, against the same model in one process. Also a head count
-the world size does not divide (3 heads on 2 ranks), which diffusers' own
-Ulysses cannot run.
+tiny random Flux and Wan 2.1 transformers (diffusers' model classes, their own
+sharding and gathering hooks) on 2 gloo processes, their Ulysses attention
+through attnprep's layer, against the same model in one process. Also a head
+count the world size does not divide (3 heads on 2 ranks), which diffusers'
+own Ulysses cannot run.
 
 diffusers 0.42's enable_parallelism divides by torch.accelerator.device_count()
 (zero in a CPU-only process); the ranks report one device so that its mesh is
@@ -47,14 +47,47 @@ def flux_inputs(batch=2, image=12, text=6):
     )
 
 
-def _flux_body(rank, world, device, heads):
+def wan(heads, seed=0):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=heads,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=32,
+        ffn_dim=64,
+        num_layers=2,
+        cross_attn_norm=True,
+        rope_max_seq_len=32,
+    ).eval()
+
+
+def wan_inputs(batch=2):
+    g = torch.Generator().manual_seed(1)
+    return dict(
+        hidden_states=torch.randn(batch, 4, 2, 4, 6, generator=g),
+        encoder_hidden_states=torch.randn(batch, 7, 32, generator=g),
+        timestep=torch.tensor([500] * batch),
+        return_dict=False,
+    )
+
+
+MODELS = {"flux": (flux, flux_inputs), "wan": (wan, wan_inputs)}
+
+
+def _model_body(rank, world, device, family, heads):
     from attnprep.integrations import diffusers as integration
     from diffusers.models._modeling_parallel import ContextParallelConfig
 
     torch.accelerator.device_count = lambda: 1  # see the module docstring
-    model = flux(heads)
+    make, inputs = MODELS[family]
+    model = make(heads)
     with torch.no_grad():
-        want = model(**flux_inputs())[0]
+        want = model(**inputs())[0]
     calls = []
     layer = integration.ulysses_attention
     integration.ulysses_attention = lambda *a, **k: calls.append(1) or layer(*a, **k)
@@ -62,7 +95,7 @@ def _flux_body(rank, world, device, heads):
     try:
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
         with torch.no_grad():
-            got = model(**flux_inputs())[0]
+            got = model(**inputs())[0]
     finally:
         integration.disable_ulysses()
     err = ((got - want).abs().max() / want.abs().max()).item()
@@ -72,8 +105,9 @@ def _flux_body(rank, world, device, heads):
 
 
 @pytest.mark.parametrize("heads", [4, 3])
-def test_flux_with_diffusers_context_parallel_hooks(heads):
-    assert_ranks_ok(run_rank, 2, "gloo", _flux_body, heads, timeout=240)
+@pytest.mark.parametrize("family", ["flux", "wan"])
+def test_models_with_diffusers_context_parallel_hooks(family, heads):
+    assert_ranks_ok(run_rank, 2, "gloo", _model_body, family, heads, timeout=240)
 
 
 def test_an_untested_release_is_refused(monkeypatch):
