@@ -1,9 +1,10 @@
 """attnprep.integrations.diffusers inside diffusers' own context parallelism:
-tiny random Flux and Wan 2.1 transformers (diffusers' model classes, their own
-sharding and gathering hooks) on 2 gloo processes, their Ulysses attention
-through attnprep's layer, against the same model in one process. Also a head
-count the world size does not divide (3 heads on 2 ranks), which diffusers'
-own Ulysses cannot run.
+tiny random Flux, Wan 2.1 and Qwen-Image transformers (diffusers' model
+classes, their own sharding and gathering hooks; Qwen-Image with a
+text-padding mask) on 2 gloo processes, their Ulysses attention through
+attnprep's layer, against the same model in one process. Also a head count
+the world size does not divide (3 heads on 2 ranks), which diffusers' own
+Ulysses cannot run.
 
 diffusers 0.42's enable_parallelism divides by torch.accelerator.device_count()
 (zero in a CPU-only process); the ranks report one device so that its mesh is
@@ -76,7 +77,38 @@ def wan_inputs(batch=2):
     )
 
 
-MODELS = {"flux": (flux, flux_inputs), "wan": (wan, wan_inputs)}
+def qwen_image(heads, seed=0):
+    from diffusers import QwenImageTransformer2DModel
+
+    torch.manual_seed(seed)
+    return QwenImageTransformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=heads,
+        joint_attention_dim=32,
+        axes_dims_rope=(4, 6, 6),
+    ).eval()
+
+
+def qwen_image_inputs(batch=2):
+    """A text-padding mask: the second prompt is 5 tokens of 8."""
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(batch, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    return dict(
+        hidden_states=torch.randn(batch, 12, 16, generator=g),
+        encoder_hidden_states=torch.randn(batch, 8, 32, generator=g),
+        encoder_hidden_states_mask=mask,
+        timestep=torch.full((batch,), 0.5),
+        img_shapes=[(1, 3, 4)] * batch,
+        return_dict=False,
+    )
+
+
+MODELS = {"flux": (flux, flux_inputs), "wan": (wan, wan_inputs), "qwen_image": (qwen_image, qwen_image_inputs)}
 
 
 def _model_body(rank, world, device, family, heads):
@@ -88,9 +120,9 @@ def _model_body(rank, world, device, family, heads):
     model = make(heads)
     with torch.no_grad():
         want = model(**inputs())[0]
-    calls = []
+    calls = []  # whether each call of attnprep's layer had a key mask
     layer = integration.ulysses_attention
-    integration.ulysses_attention = lambda *a, **k: calls.append(1) or layer(*a, **k)
+    integration.ulysses_attention = lambda *a, **k: calls.append(k["key_padding_mask"] is not None) or layer(*a, **k)
     integration.enable_ulysses()
     try:
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world))
@@ -99,13 +131,13 @@ def _model_body(rank, world, device, family, heads):
     finally:
         integration.disable_ulysses()
     err = ((got - want).abs().max() / want.abs().max()).item()
-    if not calls:
-        return "attnprep's layer was not called"
+    if not calls or any(calls) != (family == "qwen_image"):
+        return f"attnprep's layer calls, with a key mask or not: {calls}"
     return "ok" if got.shape == want.shape and err <= 1e-6 else f"relative error {err}, shape {tuple(got.shape)}"
 
 
 @pytest.mark.parametrize("heads", [4, 3])
-@pytest.mark.parametrize("family", ["flux", "wan"])
+@pytest.mark.parametrize("family", ["flux", "wan", "qwen_image"])
 def test_models_with_diffusers_context_parallel_hooks(family, heads):
     assert_ranks_ok(run_rank, 2, "gloo", _model_body, family, heads, timeout=240)
 
