@@ -10,9 +10,11 @@ diffusers 0.42's enable_parallelism divides by torch.accelerator.device_count()
 (zero in a CPU-only process); the ranks report one device so that its mesh is
 built on the CPU."""
 
+import warnings
+
 import pytest
 import torch
-from conftest import assert_ranks_ok, run_rank
+from conftest import run_rank, spawn_ranks
 
 pytest.importorskip("diffusers")
 
@@ -130,16 +132,28 @@ def _model_body(rank, world, device, family, heads):
             got = model(**inputs())[0]
     finally:
         integration.disable_ulysses()
+        integration.ulysses_attention = layer
     err = ((got - want).abs().max() / want.abs().max()).item()
     if not calls or any(calls) != (family == "qwen_image"):
         return f"attnprep's layer calls, with a key mask or not: {calls}"
     return "ok" if got.shape == want.shape and err <= 1e-6 else f"relative error {err}, shape {tuple(got.shape)}"
 
 
-@pytest.mark.parametrize("heads", [4, 3])
-@pytest.mark.parametrize("family", ["flux", "wan", "qwen_image"])
-def test_models_with_diffusers_context_parallel_hooks(family, heads):
-    assert_ranks_ok(run_rank, 2, "gloo", _model_body, family, heads, timeout=240)
+def _every_model_body(rank, world, device, cases):
+    failures = [f"{case}: {got}" for case in cases if (got := _model_body(rank, world, device, *case)) != "ok"]
+    return "; ".join(failures) or "ok"
+
+
+def test_models_with_diffusers_context_parallel_hooks():
+    """Every model and head count in one pair of processes. Each rank must report
+    "ok"; a rank that the teardown of diffusers' device-mesh groups aborts after
+    it reported (seen once in CI with gloo: SIGABRT in torch's process-group
+    shutdown) is let through with a warning, the results being checked already."""
+    cases = [(family, heads) for family in MODELS for heads in (4, 3)]
+    got, codes = spawn_ranks(run_rank, 2, "gloo", _every_model_body, cases, timeout=400)
+    assert got == [(0, "ok"), (1, "ok")], got
+    if any(codes):
+        warnings.warn(f"a rank exited with {codes} after reporting ok (torch's gloo teardown)")
 
 
 def test_an_untested_release_is_refused(monkeypatch):
