@@ -117,8 +117,15 @@ class RopeArgs(NamedTuple):
 
     def for_extension(self, inplace) -> tuple:
         """The extension's positional order: ``inplace`` follows cos_sin_cache."""
-        at = self._fields.index("cos_sin_cache") + 1
-        return (*self[:at], inplace, *self[at:])
+        return (*self[:_INPLACE_AT], inplace, *self[_INPLACE_AT:])
+
+    @classmethod
+    def from_extension(cls, args) -> tuple:
+        """The inverse of for_extension: ``(RopeArgs, inplace)``."""
+        return cls(*args[:_INPLACE_AT], *args[_INPLACE_AT + 1 :]), args[_INPLACE_AT]
+
+
+_INPLACE_AT = RopeArgs._fields.index("cos_sin_cache") + 1  # where the extension takes ``inplace``
 
 
 def rope_run(kernel, inplace, *schema_args):

@@ -39,8 +39,7 @@ def _library():
 
 def rope_pool_fused(*args):
     """The op's Metal kernel; ``args`` in the extension's order (``RopeArgs.for_extension``)."""
-    at = RopeArgs._fields.index("cos_sin_cache") + 1  # inplace follows cos_sin_cache
-    a, inplace = RopeArgs(*args[:at], *args[at + 1 :]), args[at]
+    a, inplace = RopeArgs.from_extension(args)
     q, k = a.q, a.k
     q_rot = q if inplace else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_rot = k if inplace else torch.empty(k.shape, dtype=k.dtype, device=k.device)

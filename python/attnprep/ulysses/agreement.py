@@ -32,10 +32,14 @@ def _check_geometry(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
 INFERENCE_ONLY = "ulysses: the layer is inference-only; q, k and v must not require grad (use torch.no_grad())"
 
 
-def _check_local(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
-    _check_geometry(q, k, v, world)
+def _refuse_grad(q: Tensor, k: Tensor, v: Tensor) -> None:
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError(INFERENCE_ONLY)
+
+
+def _check_local(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
+    _check_geometry(q, k, v, world)
+    _refuse_grad(q, k, v)
 
 
 # What every rank tells the others before any data moves: its geometry, then

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 
 from .. import _C
 from .agreement import (
-    INFERENCE_ONLY,
     _causal_code,
     _dtype_code,
     _every_rank,
     _local_chunks,
+    _refuse_grad,
     _require_same,
     _transport_code,
     _wire_code,
@@ -86,8 +86,7 @@ def sdpa_batched(causal: bool = False, scale: Optional[float] = None) -> Batched
 def _batched_fields(q, k, v, key_padding_mask, world: int, chunks, wire_dtype, transport, attn_fn, causal) -> list:
     """The batched layer's local checks, in order; returns its _BATCHED_FIELDS."""
     _C._check_ulysses_batched(q, k, v, key_padding_mask)  # the messages live in src/core, once
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise ValueError(INFERENCE_ONLY)
+    _refuse_grad(q, k, v)
     heads, kv = padded_heads(q.shape[2], k.shape[2], world)
     count = _local_chunks(heads, kv, world, chunks)
     wire = _wire_code(wire_dtype, count)
