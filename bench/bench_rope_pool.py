@@ -18,8 +18,12 @@ the kind servers ship (bench/peers.py: cos/sin from cos_sin_cache, flat
 pools; compare it with the cache columns). Then the paged / fp8
 cache table, and the QK-norm table (q/k RMSNorm + RoPE + pool write, 32/8 and
 64/8 heads, beside RoPE alone on the same data; the compiled peer in its
-fastest of two formulations). ``--only rope|formats|norm`` runs one table,
-``--ts 2048,8192`` only those token counts.
+fastest of two formulations), and the M-RoPE table (positions [3, T] of a
+VL prompt: Qwen2.5-VL's sections, Qwen3-VL's interleaved sections with its QK
+norm; beside one position per token on the same table; the model's own
+formulation compiled, the Triton peer gathering rows by axis).
+``--only rope|formats|norm|mrope`` runs one table, ``--ts 2048,8192`` only
+those token counts.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import attnprep
 import peers
 import torch
 from attnprep import _bench as common
+from attnprep.testing import mrope_cos_sin_rows
 
 HQ, HKV, D, POOL, MAXPOS, BASE = 32, 8, 128, 1 << 20, 131072, 10000.0
 TS = [1, 8, 32, 128, 512, 2048, 8192, 32768]
@@ -305,6 +310,126 @@ def run_norm(quick: bool = False, with_peers: bool = True, ts=None):
     )
 
 
+def torch_mrope_pool(q, k, v, positions, slots, k_pool, v_pool, freqs, section, interleaved, wq=None, wk=None):
+    """transformers' Qwen2.5-VL / Qwen3-VL formulation: cos/sin of every axis's angles, recomposed by
+    section (split and concatenated) or interleaved (strided slices of the height and width axes), then the
+    rotation (after Qwen3's per-head norm when weights are given) and index_copy_ into the pools."""
+    angle = positions.float()[..., None] * freqs  # [3, T, D / 2]
+    if interleaved:
+        mixed = angle[0].clone()
+        for axis in (1, 2):
+            mixed[..., axis : 3 * section[axis] : 3] = angle[axis, ..., axis : 3 * section[axis] : 3]
+    else:
+        mixed = torch.cat([part[i % 3] for i, part in enumerate(angle.split(section, dim=-1))], dim=-1)
+    cos, sin = mixed.cos()[:, None, :], mixed.sin()[:, None, :]
+    if wq is not None:
+        q, k = rms_norm_model(q, wq, 1e-6), rms_norm_model(k, wk, 1e-6)
+
+    def rot(x):
+        a, b = x[..., : D // 2].float(), x[..., D // 2 :].float()
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(x.dtype)
+
+    q_rot, k_rot = rot(q), rot(k)
+    k_pool.index_copy_(0, slots, k_rot)
+    v_pool.index_copy_(0, slots, v)
+    return q_rot, k_rot
+
+
+# name: (mrope_section, interleaved, QK norm)
+MROPE_MODELS = {
+    "Qwen2.5-VL sections": ([16, 24, 24], False, False),
+    "Qwen3-VL interleaved + QK norm": ([24, 20, 20], True, True),
+}
+
+
+def run_mrope(quick: bool = False, with_peers: bool = True, ts=None):
+    """M-RoPE + pool write at 32/8 heads (Qwen3-VL-8B's geometry), cos/sin from the table."""
+    iters = 10 if quick else 50
+    g = torch.Generator(device="cuda").manual_seed(3)
+    freqs = inv_freq()
+    k_pool = torch.zeros(POOL, HKV, D, device="cuda", dtype=torch.bfloat16)
+    v_pool = torch.zeros_like(k_pool)
+    rows = []
+    for name, (section, interleaved, norm) in MROPE_MODELS.items():
+        weights = {}
+        if norm:
+            weights = {
+                w: (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
+                for w in ("q_norm_weight", "k_norm_weight")
+            }
+        kw = dict(head_dim=D, num_qo_heads=HQ, num_kv_heads=HKV, rope_base=BASE, cos_sin_cache=cos_sin_cache())
+        kw.update(weights)
+        mk = dict(kw, mrope_section=section, mrope_interleaved=interleaved)
+        wq, wk = weights.get("q_norm_weight"), weights.get("k_norm_weight")
+        for T in ts or ([128, 8192] if quick else [1, 128, 2048, 8192]):
+            nbytes = T * ((HQ + 2 * HKV) * D * 2 + 32) + T * (HQ + 3 * HKV) * D * 2
+
+            def make():
+                q, k, v, _, slots = case(T, g)
+                return q, k, v, torch.randint(0, MAXPOS, (3, T), device="cuda", generator=g), slots
+
+            sets = [make() for _ in range(common.sets_needed(nbytes))]
+            for s in sets:  # correctness on this data first: the kernel against the gathered rows
+                rows_cs = mrope_cos_sin_rows(cos_sin_cache(), s[3], section, interleaved)
+                want = attnprep.rope_pool_fused(*s[:3], None, s[4], k_pool, v_pool, **dict(kw, cos_sin_cache=rows_cs))
+                got = attnprep.rope_pool_fused(*s, k_pool, v_pool, **mk)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), "M-RoPE differs from its rows"
+            small = T <= 128
+            calls = {
+                "mrope": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **mk) for s in sets],
+                "one": [
+                    lambda s=s: attnprep.rope_pool_fused(*s[:3], s[3][0], s[4], k_pool, v_pool, **kw) for s in sets
+                ],
+                "copy": cache_copy_fns(nbytes, T),
+            }
+            if with_peers:
+                compiled = peers.compiled_static(
+                    torch_mrope_pool, *sets[0], k_pool, v_pool, freqs, section, interleaved, wq, wk
+                )
+                calls["compiled"] = [
+                    lambda s=s: compiled(*s, k_pool, v_pool, freqs, section, interleaved, wq, wk) for s in sets
+                ]
+                for s in sets:
+                    want = attnprep.rope_pool_fused(*s, k_pool, v_pool, **mk)[:2]
+                    for a, b in zip(compiled(*s, k_pool, v_pool, freqs, section, interleaved, wq, wk), want):
+                        err = ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                        assert err < 2e-2, f"the compiled peer differs from attnprep by {err}"
+                if peers.triton is not None:
+                    tri = lambda s: peers.triton_rope_pool(  # noqa: E731
+                        *s, k_pool, v_pool, cos_sin_cache(), wq, wk, 1e-6, section, interleaved
+                    )
+                    for s in sets:
+                        for a, b in zip(tri(s), attnprep.rope_pool_fused(*s, k_pool, v_pool, **mk)[:2]):
+                            err = ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                            assert err < 2e-2, f"the Triton peer differs from attnprep by {err}"
+                    calls["triton"] = [lambda s=s: tri(s) for s in sets]
+            ms = timed(calls, iters)
+            nan = float("nan")
+            t, tcopy = ms["mrope"], ms["copy"]
+            tc, tt = ms.get("compiled", nan), ms.get("triton", nan)
+            graph = graph_copy = graph_c = graph_t = nan
+            if small:
+                s = sets[0]
+                graph = common.graph_replay_us(lambda: attnprep.rope_pool_fused(*s, k_pool, v_pool, **mk))
+                graph_copy = common.copy_replay_us((nbytes + T * D * 4) // 2)
+                if "compiled" in calls:
+                    graph_c = common.graph_replay_us(calls["compiled"][0])
+                if "triton" in calls:
+                    graph_t = common.graph_replay_us(calls["triton"][0])
+            rows.append(
+                [name, T, t * 1e3, 100 * tcopy / t, t / ms["one"], graph, graph_copy]
+                + [tc * 1e3, graph_c, tc / t, tt * 1e3, graph_t, tt / t]
+            )
+    common.print_table(
+        f"rope_pool_fused with M-RoPE (positions [3, T], cos_sin_cache), bf16, 32/8 heads, head_dim 128 "
+        f"({common.environment()})",
+        ["model", "T", "attnprep us", "% of copy", "time / one position", "graph replay us", "copy graph replay us"]
+        + ["torch.compile us", "compile graph us", "speed-up vs compile", "Triton us", "Triton graph us"]
+        + ["speed-up vs Triton"],
+        rows,
+    )
+
+
 # (pool dtype, layout, page size) of the KV-format table
 FORMATS = [
     (torch.bfloat16, "NHD", 16),
@@ -500,7 +625,7 @@ if __name__ == "__main__":
         help="token counts of every table run, e.g. 1,128,8192 (default: each table's own)",
     )
     p.add_argument("--no-peers", action="store_true", help="attnprep only (tuning runs)")
-    p.add_argument("--only", choices=["rope", "formats", "norm"], help="one table")
+    p.add_argument("--only", choices=["rope", "formats", "norm", "mrope"], help="one table")
     a = p.parse_args()
     if a.only in (None, "rope"):
         run(a.quick, a.ts, not a.no_peers)
@@ -508,3 +633,5 @@ if __name__ == "__main__":
         run_formats(a.quick, not a.no_peers, a.ts)
     if a.only in (None, "norm"):
         run_norm(a.quick, not a.no_peers, a.ts)
+    if a.only in (None, "mrope"):
+        run_mrope(a.quick, not a.no_peers, a.ts)

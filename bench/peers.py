@@ -231,7 +231,9 @@ def triton_merge(x):
 # halves), cos/sin read from the [max_position, head_dim] cos_sin_cache row
 # of its position, k and v stored into the flat pool at its slot. With
 # NORM, each q and k head is RMS-normalized first as Qwen3 writes it (float32
-# inside, rounded, times the weight, rounded).
+# inside, rounded, times the weight, rounded). With MROPE (1 sections, 2
+# interleaved), positions are [3, T] and each frequency reads the row of its
+# axis's position, as vLLM's Triton M-RoPE kernel gathers them.
 
 if triton is not None:
 
@@ -270,13 +272,28 @@ if triton is not None:
         HKV: tl.constexpr,
         HALF: tl.constexpr,
         NORM: tl.constexpr,
+        MROPE: tl.constexpr,
+        S0: tl.constexpr,
+        S1: tl.constexpr,
+        S2: tl.constexpr,
     ):
         t = tl.program_id(0).to(tl.int64)
-        pos = tl.load(positions + t).to(tl.int64)
         slot = tl.load(slots + t).to(tl.int64)
         c = tl.arange(0, HALF)
-        cos = tl.load(cache + pos * 2 * HALF + c)[None, :]
-        sin = tl.load(cache + pos * 2 * HALF + HALF + c)[None, :]
+        if MROPE == 0:
+            row = tl.load(positions + t).to(tl.int64) * 2 * HALF + c
+        else:
+            p0 = tl.load(positions + t).to(tl.int64)
+            p1 = tl.load(positions + T + t).to(tl.int64)
+            p2 = tl.load(positions + 2 * T + t).to(tl.int64)
+            if MROPE == 1:
+                axis = (c >= S0).to(tl.int32) + (c >= S0 + S1).to(tl.int32)
+            else:
+                r = c % 3
+                axis = tl.where((r == 1) & (c < 3 * S1), 1, tl.where((r == 2) & (c < 3 * S2), 2, 0))
+            row = tl.where(axis == 0, p0, tl.where(axis == 1, p1, p2)) * 2 * HALF + c
+        cos = tl.load(cache + row)[None, :]
+        sin = tl.load(cache + row + HALF)[None, :]
         qa, qb = _norm_rope(q + t * HQ * 2 * HALF, wq, eps, cos, sin, HQ, HALF, NORM)
         hq = tl.arange(0, HQ)[:, None] * 2 * HALF + c[None, :]
         tl.store(q_out + t * HQ * 2 * HALF + hq, qa)
@@ -297,9 +314,13 @@ def triton_rope_pool_warps():
     return getattr(config, "num_warps", float("nan"))
 
 
-def triton_rope_pool(q, k, v, positions, slots, k_pool, v_pool, cache, wq=None, wk=None, eps=1e-6):
+def triton_rope_pool(
+    q, k, v, positions, slots, k_pool, v_pool, cache, wq=None, wk=None, eps=1e-6, mrope_section=None, interleaved=False
+):
     """NeoX RoPE of q and k (and the QK norm when wq, wk are given) with cos/sin from cache, k_rot and v
-    into the flat pools at slots; contiguous [T, heads, D] inputs, power-of-two head counts."""
+    into the flat pools at slots; contiguous [T, heads, D] inputs, power-of-two head counts; M-RoPE with
+    mrope_section (contiguous [3, T] positions)."""
+    sections = mrope_section or (0, 0, 0)
     T, hq, d = q.shape
     hkv = k.shape[1]
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
@@ -324,5 +345,9 @@ def triton_rope_pool(q, k, v, positions, slots, k_pool, v_pool, cache, wq=None, 
             HKV=hkv,
             HALF=d // 2,
             NORM=norm,
+            MROPE=0 if mrope_section is None else 2 if interleaved else 1,
+            S0=sections[0],
+            S1=sections[1],
+            S2=sections[2],
         )
     return q_out, k_out

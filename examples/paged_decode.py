@@ -19,7 +19,11 @@ cache pages. Greedy decoding.
 what the CPU tests use to check the loop itself against transformers' own
 ``generate``.
 Families: Llama, Qwen3 (its per-head q/k norm), GPT-NeoX (a fused QKV
-projection, partial rotary) and GPT-J (GPT-J pairs, partial rotary).
+projection, partial rotary), GPT-J (GPT-J pairs, partial rotary), and the
+vision-language Qwen2.5-VL and Qwen3-VL (M-RoPE: a prompt with an image
+takes [3, T] positions from the model's own ``get_rope_index``, its decode
+steps the position plus the prompt's rope delta; the model's own vision
+tower fills the image tokens).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Dict, List, Optional
 import attnprep
 import torch
 import torch.nn.functional as F
-from attnprep.testing import cos_sin, rope_reference
+from attnprep.testing import cos_sin, mrope_cos_sin_rows, rope_reference
 
 
 class PageAllocator:
@@ -71,6 +75,10 @@ class Request:
     prompt: List[int]
     max_new_tokens: int
     generated: List[int] = field(default_factory=list)
+    # vision-language models: the prompt's image, (pixel_values, image_grid_thw [1, 3]) as the processor gives
+    # them, its image tokens in the prompt; and the M-RoPE delta of the prompt (decode positions are offset by it)
+    image: Optional[tuple] = None
+    rope_delta: int = 0
 
     @property
     def length(self) -> int:  # tokens in the cache once the pending ones are written
@@ -81,7 +89,7 @@ class Request:
 class Step:
     """What one forward pass computes: the packed tokens of every scheduled request."""
 
-    positions: torch.Tensor
+    positions: torch.Tensor  # [T], or M-RoPE's [3, T]
     slots: torch.Tensor
     segments: List[tuple]  # (request, start in the packed batch, tokens, context length after the step)
     # a decode step of fixed shapes (one token per row, rows padded to a bucket):
@@ -90,6 +98,7 @@ class Step:
 
 
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32)
+VL_MODELS = ("qwen2_5_vl", "qwen3_vl")  # M-RoPE: positions [3, T]
 
 
 # Where each family keeps its attention layers, and how they project.
@@ -101,6 +110,8 @@ def _attention_layers(model):
         return [(layer, "attention") for layer in model.gpt_neox.layers]
     if kind == "gptj":
         return [(layer, "attn") for layer in model.transformer.h]
+    if kind in VL_MODELS:
+        return [(layer, "self_attn") for layer in model.model.language_model.layers]
     raise ValueError(f"paged_decode: no adapter for model type {kind}")
 
 
@@ -155,6 +166,7 @@ class PagedEngine:
         self.rope = attnprep.rope_kwargs_from_config(config, max_position=max_position, device=self.device)
         self.head_dim, self.heads, self.kv_heads = (self.rope[k] for k in ("head_dim", "num_qo_heads", "num_kv_heads"))
         self.rotary_dim, self.is_neox, self.table = (self.rope[k] for k in ("rotary_dim", "is_neox", "cos_sin_cache"))
+        self.mrope = "mrope_section" in self.rope
         layers = _attention_layers(model)
         if any(isinstance(getattr(layer, name), PagedAttention) for layer, name in layers):
             raise ValueError("paged_decode: the model is inside another engine's generate")
@@ -201,7 +213,13 @@ class PagedEngine:
             return q_rot, k_rot
         if qk_norm:  # the reference runs the model's own modules
             q, k = m.q_norm(q), m.k_norm(k)
-        cos, sin = cos_sin(s.positions, self.rotary_dim, cos_sin_cache=self.table)
+        if self.mrope:  # each frequency's row by its axis's position
+            rows = mrope_cos_sin_rows(
+                self.table, s.positions, self.rope["mrope_section"], self.rope["mrope_interleaved"]
+            )
+            cos, sin = rows[:, : self.rotary_dim // 2].cpu().double(), rows[:, self.rotary_dim // 2 :].cpu().double()
+        else:
+            cos, sin = cos_sin(s.positions, self.rotary_dim, cos_sin_cache=self.table)
         q_rot = rope_reference(q, cos, sin, self.rotary_dim, self.is_neox).to(q.dtype).to(q.device)
         k_rot = rope_reference(k, cos, sin, self.rotary_dim, self.is_neox).to(k.dtype).to(k.device)
         page_size = self.pages.page_size
@@ -269,9 +287,11 @@ class PagedEngine:
             owned = self.pages.pages[req.rid]
             page_table[row, : len(owned)] = torch.tensor(owned)
             context[row] = req.length
-            positions[row] = req.length - 1
+            positions[row] = req.length - 1 + req.rope_delta
             slots[row] = self.pages.slots(req.rid, req.length - 1, 1)[0]
         dev = self.device
+        if self.mrope:  # a decode token's three positions are equal
+            positions = positions.expand(3, -1).contiguous()
         return Step(
             positions.to(dev),
             slots.to(dev),
@@ -280,8 +300,32 @@ class PagedEngine:
             context.to(dev),
         )
 
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids[None], position_ids=self.step.positions[None], use_cache=False).logits[0]
+    def _forward(self, ids: torch.Tensor, images: Optional[List[tuple]] = None) -> torch.Tensor:
+        """The model over the packed tokens; a VL model's prompt images (in
+        packed order) go through its own vision tower into its image tokens."""
+        if not self.mrope:
+            return self.model(input_ids=ids[None], position_ids=self.step.positions[None], use_cache=False).logits[0]
+        pixels = {}
+        if images:
+            pixels = dict(
+                pixel_values=torch.cat([p for p, _ in images]).to(self.device, self.dtype),
+                image_grid_thw=torch.cat([g for _, g in images]).to(self.device),
+            )
+        positions = self.step.positions[:, None]  # [3, 1, T]
+        return self.model(input_ids=ids[None], position_ids=positions, use_cache=False, **pixels).logits[0]
+
+    def _prompt_positions(self, req: Request) -> torch.Tensor:
+        """A prompt's positions: 0 ... n-1, or M-RoPE's [3, n] from the
+        model's own get_rope_index (its rope delta kept for the decode steps)."""
+        n = len(req.prompt)
+        if not self.mrope:
+            return torch.arange(n)
+        ids = torch.tensor(req.prompt)[None]
+        image_token = self.model.config.image_token_id
+        grid = req.image[1] if req.image is not None else None
+        positions, delta = self.model.model.get_rope_index(ids, (ids == image_token).int(), image_grid_thw=grid)
+        req.rope_delta = int(delta)
+        return positions[:, 0]
 
     def _replay(self, step: Step, ids: torch.Tensor, bucket: int) -> torch.Tensor:
         """The decode step as a CUDA graph per bucket: captured once (after a
@@ -370,18 +414,24 @@ class PagedEngine:
                 self._retire(running, finished)
                 step += 1
                 continue
-            ids, positions, slots, segments = [], [], [], []
+            ids, positions, slots, segments, images = [], [], [], [], []
             for req in running:
                 new = req.prompt if not req.generated else req.generated[-1:]
                 first = req.length - len(new) if req.generated else 0
                 self.pages.reserve(req.rid, first + len(new))
                 segments.append((req, len(ids), len(new), first + len(new)))
                 ids += new
-                positions += range(first, first + len(new))
+                if req.generated:
+                    at = torch.tensor([first + req.rope_delta])
+                    positions.append(at.expand(3, 1) if self.mrope else at)
+                else:
+                    positions.append(self._prompt_positions(req))
+                    if req.image is not None:
+                        images.append(req.image)
                 slots += self.pages.slots(req.rid, first, len(new))
             dev = self.device
-            self.step = Step(torch.tensor(positions, device=dev), torch.tensor(slots, device=dev), segments)
-            logits = self._forward(torch.tensor(ids, device=dev))
+            self.step = Step(torch.cat(positions, -1).to(dev), torch.tensor(slots, device=dev), segments)
+            logits = self._forward(torch.tensor(ids, device=dev), images)
             for req, start, count, _ in segments:
                 self._emit(req, logits[start + count - 1])
             self._retire(running, finished)
@@ -430,16 +480,21 @@ def small_model(family: str, dtype=torch.float32, device="cuda", seed=0, layers=
 
     torch.manual_seed(seed)
     no_special = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)  # a vocabulary of 1000
+    # Llama 3's text geometry (8 q heads, 2 kv heads of 128), shared by the families that take it
+    text = dict(
+        hidden_size=1024,
+        intermediate_size=1536,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+        vocab_size=1000,
+        max_position_embeddings=4096,
+        **no_special,
+    )
     if family == "llama":
         config = transformers.LlamaConfig(
-            hidden_size=1024,
-            intermediate_size=1536,
-            num_hidden_layers=layers,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            head_dim=128,
-            vocab_size=1000,
-            max_position_embeddings=4096,
+            **text,
             rope_parameters={
                 "rope_type": "llama3",
                 "rope_theta": 500000.0,
@@ -448,22 +503,10 @@ def small_model(family: str, dtype=torch.float32, device="cuda", seed=0, layers=
                 "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 1024,
             },
-            **no_special,
         )
         model = transformers.LlamaForCausalLM(config)
     elif family == "qwen3":
-        config = transformers.Qwen3Config(
-            hidden_size=1024,
-            intermediate_size=1536,
-            num_hidden_layers=layers,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            head_dim=128,
-            vocab_size=1000,
-            max_position_embeddings=4096,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-            **no_special,
-        )
+        config = transformers.Qwen3Config(**text, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
         model = transformers.Qwen3ForCausalLM(config)
     elif family == "gpt_neox":  # rotary over a quarter of each head
         config = transformers.GPTNeoXConfig(
@@ -482,9 +525,84 @@ def small_model(family: str, dtype=torch.float32, device="cuda", seed=0, layers=
             n_embd=1024, n_head=8, rotary_dim=64, n_layer=layers, vocab_size=1000, n_positions=4096, **no_special
         )
         model = transformers.GPTJForCausalLM(config)
+    elif family in VL_MODELS:  # a small vision tower (patches of 4 x 4 pixels)
+        vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, patch_size=4, out_hidden_size=1024)
+        tokens = dict(image_token_id=990, video_token_id=991, vision_start_token_id=992, vision_end_token_id=993)
+        if family == "qwen2_5_vl":  # sections
+            rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [16, 24, 24]}
+            config = transformers.Qwen2_5_VLConfig(
+                text_config=dict(text, rope_parameters=rope),
+                vision_config=dict(vision, window_size=16, fullatt_block_indexes=[1]),
+                **tokens,
+            )
+            model = transformers.Qwen2_5_VLForConditionalGeneration(config)
+        else:  # interleaved sections, the per-head q/k norm, deepstack features
+            rope = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20]}
+            config = transformers.Qwen3VLConfig(
+                text_config=dict(text, rope_parameters=dict(rope, mrope_interleaved=True)),
+                vision_config=dict(vision, num_position_embeddings=64, deepstack_visual_indexes=[0]),
+                **tokens,
+            )
+            model = transformers.Qwen3VLForConditionalGeneration(config)
+        # q and k sharpened: random weights attend almost uniformly, so a wrong position axis would barely show
+        with torch.no_grad():
+            for layer in model.model.language_model.layers:
+                layer.self_attn.q_proj.weight.mul_(2.0)
+                layer.self_attn.k_proj.weight.mul_(2.0)
     else:
         raise ValueError(f"paged_decode: unknown family {family}")
     return model.to(device=device, dtype=dtype).eval()
+
+
+def make_requests(model, lengths, new_tokens, generator) -> List[Request]:
+    """Requests of random prompts with `lengths` text tokens; for a VL model
+    every other one also holds an image (random pixels, 8 x 12 or 12 x 8
+    patches of 4 x 4 pixels, 24 image tokens) in the middle of its text."""
+    config = model.config
+    vl = config.model_type in VL_MODELS
+    requests = []
+    for i, n in enumerate(lengths):
+        prompt = torch.randint(0, 980 if vl else 1000, (n,), generator=generator).tolist()  # below VL's special ids
+        image = None
+        if vl and i % 2 == 0:
+            vc = config.vision_config
+            t, h, w = (1, 8, 12) if i % 4 == 0 else (1, 12, 8)
+            image_tokens = [config.image_token_id] * (t * h * w // vc.spatial_merge_size**2)
+            image_part = [config.vision_start_token_id] + image_tokens + [config.vision_end_token_id]
+            prompt = prompt[: n // 2] + image_part + prompt[n // 2 :]
+            pixels = torch.randn(
+                t * h * w, vc.in_channels * vc.temporal_patch_size * vc.patch_size**2, generator=generator
+            )
+            image = (pixels, torch.tensor([[t, h, w]]))
+        requests.append(Request(i, prompt, new_tokens[i] if isinstance(new_tokens, list) else new_tokens, image=image))
+    return requests
+
+
+def model_inputs(model, req: Request, ids: torch.Tensor) -> dict:
+    """What transformers' own forward and generate take besides the token ids
+    ``[1, n]`` for `req`: a VL prompt's image, and which tokens are its."""
+    if req.image is None:
+        return {}
+    dev = ids.device
+    return dict(
+        pixel_values=req.image[0].to(dev, next(model.parameters()).dtype),
+        image_grid_thw=req.image[1].to(dev),
+        mm_token_type_ids=(ids == model.config.image_token_id).int(),
+    )
+
+
+def generate_reference(model, req: Request) -> List[int]:
+    """transformers' own greedy generate for one request."""
+    ids = torch.tensor(req.prompt, device=next(model.parameters()).device)[None]
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=req.max_new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        **model_inputs(model, req, ids),
+    )
+    return out[0, ids.shape[1] :].tolist()
 
 
 def _events_us(fn, repeats: int = 200) -> float:
@@ -513,7 +631,8 @@ def op_share(engine: PagedEngine) -> tuple:
     k = torch.randn(bucket, engine.kv_heads, D, device=dev, dtype=dt)
     v = torch.randn_like(k)
     # the first slots of the cache: the run is over, its pages are free
-    engine.step = Step(torch.arange(bucket, device=dev), torch.arange(bucket, device=dev), [])
+    positions = torch.arange(bucket, device=dev)
+    engine.step = Step(positions.expand(3, -1) if engine.mrope else positions, torch.arange(bucket, device=dev), [])
     inner = [m for _, _, m in engine.layers]
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
@@ -565,7 +684,7 @@ def main(argv=None):
     if a.model:
         models = [("checkpoint", transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype))]
     else:
-        models = [(f, small_model(f, dtype, "cpu")) for f in ("llama", "qwen3", "gpt_neox", "gptj")]
+        models = [(f, small_model(f, dtype, "cpu")) for f in ("llama", "qwen3", "gpt_neox", "gptj", *VL_MODELS)]
     print(
         "| model | device | requests x new tokens | tokens equal to generate() | attnprep loop tok/s | "
         "transformers generate tok/s | decode step us (rows) | rope_pool_fused us per step | share of the step |"
@@ -574,37 +693,31 @@ def main(argv=None):
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for name, model in models:
         model = model.to(a.device).eval()
-        g = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (5, 33, 17, 64)]
-        reference = {}
-        ids = torch.tensor(prompts[0], device=a.device)[None]  # warm-up: the first call pays one-time costs
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False, pad_token_id=0)
+        lengths = (5, 33, 17, 64)
+        fresh = lambda: make_requests(model, lengths, a.new_tokens, torch.Generator().manual_seed(0))  # noqa: E731
+        generate_reference(model, Request(0, fresh()[0].prompt[:5], 2))  # warm-up: the first call pays one-time costs
         sync()
         t0 = time.perf_counter()
-        for i, prompt in enumerate(prompts):  # one request at a time, as generate takes them unpadded
-            ids = torch.tensor(prompt, device=a.device)[None]
-            out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new_tokens, do_sample=False, pad_token_id=0
-            )
-            reference[i] = out[0, len(prompt) :].tolist()
+        # one request at a time, as generate takes them unpadded
+        reference = {req.rid: generate_reference(model, req) for req in fresh()}
         sync()
         t_hf = time.perf_counter() - t0
         engine = PagedEngine(model, backend="attnprep" if cuda else "reference")
         for _ in range(2 if cuda else 1):  # on the GPU the first run captures the graphs
-            requests = [Request(i, p, a.new_tokens) for i, p in enumerate(prompts)]
+            requests = fresh()
             sync()
             t0 = time.perf_counter()
             got = engine.generate(requests, arrivals=[0, 0, 3, 7], cuda_graphs=cuda)
             sync()
             t_ours = time.perf_counter() - t0
         same = sum(got[i] == reference[i] for i in reference)
-        n = len(prompts) * a.new_tokens
+        n = len(lengths) * a.new_tokens
         step = "- | - | -"
         if cuda:
             step_us, op_us, share = op_share(engine)
             step = f"{step_us:.0f} ({max(engine.graphs)}) | {op_us:.1f} | {100 * share:.1f}%"
         print(
-            f"| {name} | {a.device} | {len(prompts)} x {a.new_tokens} | {same} of {len(prompts)} | {n / t_ours:.0f} | "
+            f"| {name} | {a.device} | {len(lengths)} x {a.new_tokens} | {same} of {len(lengths)} | {n / t_ours:.0f} | "
             f"{n / t_hf:.0f} | {step} |"
         )
 

@@ -17,7 +17,14 @@ import torch
 
 import attnprep
 from attnprep import _bench
-from attnprep.testing import cos_sin, merge_reference, pack_reference, rope_error_ratio, rope_reference
+from attnprep.testing import (
+    cos_sin,
+    merge_reference,
+    mrope_cos_sin_rows,
+    pack_reference,
+    rope_error_ratio,
+    rope_reference,
+)
 
 
 def _check(name, fn):
@@ -71,6 +78,34 @@ def _check_rope():
     if k_pool.abs().sum(dim=(1, 2)).count_nonzero() != int(ok.sum()):
         raise AssertionError("rows written outside the valid slots")
     return f"fp32 within {err:.2f}x the documented tolerance of float64, pool rows exact, slot -1 skipped"
+
+
+def _check_mrope():
+    T, hq, hkv, d = 33, 4, 2, 128
+    q, k, v = (torch.randn(T, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hkv, hkv))
+    table = attnprep.rope_cos_sin_cache(d, 1000, 1e6, device="cuda")
+    positions = torch.randint(0, 1000, (3, T), device="cuda")
+    pools = [torch.zeros(T, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    slots = torch.arange(T, device="cuda")
+    kw = dict(head_dim=d, num_qo_heads=hq, num_kv_heads=hkv, rope_base=1e6)
+    for section, interleaved in (([16, 24, 24], False), ([24, 20, 20], True)):
+        rows = mrope_cos_sin_rows(table, positions, section, interleaved)
+        want = attnprep.rope_pool_fused(q, k, v, None, slots, *pools[:2], cos_sin_cache=rows, **kw)
+        got = attnprep.rope_pool_fused(
+            q,
+            k,
+            v,
+            positions,
+            slots,
+            *pools[2:],
+            cos_sin_cache=table,
+            mrope_section=section,
+            mrope_interleaved=interleaved,
+            **kw,
+        )
+        if not all(torch.equal(a, b) for a, b in zip(got, want)):
+            raise AssertionError(f"M-RoPE {section} differs from its gathered rows")
+    return "M-RoPE (Qwen2.5-VL sections, Qwen3-VL interleaved) bit-exact with its gathered rows"
 
 
 def _check_messages():
@@ -165,6 +200,7 @@ def main(argv=None) -> int:
         ok &= _check("pack_qkv_destination_major (CUDA)", _check_pack)
         ok &= _check("usp_merge_heads (CUDA)", _check_merge)
         ok &= _check("rope_pool_fused (CUDA)", _check_rope)
+        ok &= _check("rope_pool_fused, M-RoPE (CUDA)", _check_mrope)
     else:
         print("  skip  CUDA ops: no CUDA device here" if info["cuda"] else "  skip  CUDA ops: built without CUDA")
 

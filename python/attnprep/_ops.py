@@ -16,7 +16,7 @@ error, as the ValueError that caused it) and never with a shape error.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -34,7 +34,8 @@ _ROPE_ARGS = (
     "Tensor v, Tensor? positions, Tensor slots, Tensor(c!) k_pool, Tensor(d!) v_pool, int head_dim, "
     "int num_qo_heads, int num_kv_heads, float rope_base, int? rotary_dim, bool is_neox, "
     "Tensor? cos_sin_cache, Tensor? k_scale, Tensor? v_scale, str kv_layout, Tensor? q_norm_weight, "
-    "Tensor? k_norm_weight, float norm_eps, float norm_weight_offset, bool check_slots"
+    "Tensor? k_norm_weight, float norm_eps, float norm_weight_offset, int[]? mrope_section, "
+    "bool mrope_interleaved, bool check_slots"
 )
 _lib.define("pack_qkv_destination_major(Tensor q, Tensor k, Tensor v, int world_size) -> Tensor")
 _lib.define("pack_qkv_destination_major_out(Tensor q, Tensor k, Tensor v, int world_size, Tensor(a!) out) -> ()")
@@ -114,6 +115,8 @@ class RopeArgs(NamedTuple):
     k_norm_weight: Optional[Tensor]
     norm_eps: float
     norm_weight_offset: float
+    mrope_section: Optional[Sequence[int]]
+    mrope_interleaved: bool
 
     def for_extension(self, inplace) -> tuple:
         """The extension's positional order: ``inplace`` follows cos_sin_cache."""

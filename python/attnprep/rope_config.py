@@ -23,15 +23,25 @@ _FAMILIES = {
     "gpt_neox": (True, None),
     "gptj": (False, None),
     "phi3": (True, None),
+    "qwen2_vl_text": (True, None),
+    "qwen2_5_vl_text": (True, None),
+    "qwen3_vl_text": (True, 0.0),
+    "qwen3_vl_moe_text": (True, 0.0),
 }
-# Model types whose RoPE takes three position axes (M-RoPE)
-_MROPE = ("qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text")
+# M-RoPE model types: the sections their rotary embedding takes where the RoPE dict has none, and whether it
+# interleaves them (Qwen3-VL's code always does, whatever the dict says).
+_MROPE = {
+    "qwen2_vl_text": ([16, 24, 24], False),
+    "qwen2_5_vl_text": ([16, 24, 24], False),
+    "qwen3_vl_text": ([24, 20, 20], True),
+    "qwen3_vl_moe_text": ([24, 20, 20], True),
+}
 # Schemes whose table is fixed by the config; "dynamic" and "longrope" adapt
 # to the sequence length (``seq_len`` picks it).
 _STATIC = ("default", "linear", "yarn", "llama3")
 _ADAPTIVE = ("dynamic", "longrope")
 # Keys of a RoPE dict that carry no scheme parameter
-_NOT_SCALING = ("rope_theta", "rope_type", "type", "partial_rotary_factor")
+_NOT_SCALING = ("rope_theta", "rope_type", "type", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 
 def _text_config(config):
@@ -73,15 +83,16 @@ def rope_kwargs_from_config(
     Reads the model's geometry, its rotation style and its RoPE scheme from
     its config and builds the model's own table with
     :func:`rope_cos_sin_cache`. A config it does not understand (another
-    model type, a RoPE type or key it does not know, M-RoPE) raises a
-    ValueError naming what it did not understand; nothing is guessed.
+    model type, a RoPE type or key it does not know) raises a ValueError
+    naming what it did not understand; nothing is guessed.
 
     Parameters
     ----------
     config : transformers.PretrainedConfig
         The model's config (a multimodal config's text config is used).
         Model types: llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text,
-        gpt_neox, gptj, phi3.
+        gpt_neox, gptj, phi3, and the text models of Qwen2-VL, Qwen2.5-VL,
+        Qwen3-VL and Qwen3-VL-MoE (M-RoPE).
     layer_idx : int, optional
         The layer, where layers differ in their RoPE (Gemma 3's sliding and
         global layers).
@@ -103,7 +114,9 @@ def rope_kwargs_from_config(
         ``rotary_dim``, ``is_neox``, ``cos_sin_cache``; for models with a
         per-head QK norm (Qwen3, Gemma 3) also ``norm_eps`` and
         ``norm_weight_offset`` (the weights are the layer's own
-        ``q_norm.weight`` / ``k_norm.weight``).
+        ``q_norm.weight`` / ``k_norm.weight``); for M-RoPE models also
+        ``mrope_section`` and ``mrope_interleaved`` (positions are then
+        ``[3, T]``, e.g. from the model's ``get_rope_index``).
 
     Raises
     ------
@@ -121,10 +134,6 @@ def rope_kwargs_from_config(
     """
     tc = _text_config(config)
     kind = getattr(tc, "model_type", None)
-    if kind in _MROPE:
-        raise ValueError(
-            f"{_OP}: model type {kind} rotates with M-RoPE (three position axes), which rope_pool_fused does not take"
-        )
     if kind not in _FAMILIES:
         raise ValueError(f"{_OP}: model type {kind} is not one it knows ({', '.join(_FAMILIES)})")
     is_neox, norm_offset = _FAMILIES[kind]
@@ -140,8 +149,8 @@ def rope_kwargs_from_config(
     else:
         params = _rope_parameters(tc, layer_idx)
         rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-    if "mrope_section" in params or params.get("mrope_interleaved"):
-        raise ValueError(f"{_OP}: M-RoPE (mrope_section) is not supported by rope_pool_fused")
+    if kind not in _MROPE and ("mrope_section" in params or "mrope_interleaved" in params):
+        raise ValueError(f"{_OP}: model type {kind} does not rotate with M-RoPE, yet its RoPE has mrope_section")
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in _STATIC + _ADAPTIVE:
         raise ValueError(f"{_OP}: rope type {rope_type} is not one it knows ({', '.join(_STATIC + _ADAPTIVE)})")
@@ -174,4 +183,7 @@ def rope_kwargs_from_config(
     )
     if norm_offset is not None:
         kwargs.update(norm_eps=float(tc.rms_norm_eps), norm_weight_offset=norm_offset)
+    if kind in _MROPE:
+        section, interleaved = _MROPE[kind]
+        kwargs.update(mrope_section=list(params.get("mrope_section", section)), mrope_interleaved=interleaved)
     return kwargs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -38,6 +38,8 @@ def rope_pool_fused(
     k_norm_weight: Optional[Tensor] = None,
     norm_eps: float = 1e-6,
     norm_weight_offset: float = 0.0,
+    mrope_section: Optional[Sequence[int]] = None,
+    mrope_interleaved: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """RoPE on q and k (after an optional per-head RMSNorm) and the KV-cache write, one launch.
 
@@ -54,10 +56,11 @@ def rope_pool_fused(
     k, v : torch.Tensor
         ``[T, num_kv_heads, head_dim]``, q's dtype and device.
     positions : torch.Tensor or None
-        ``[T]``, int32 or int64: each token's position (its row of
-        ``cos_sin_cache``). None: per-token cos/sin, token t reads row t of
-        ``cos_sin_cache``, which then has ``T`` rows (a model's precomputed
-        cos/sin, e.g. from :func:`rope_cos_sin_rows`).
+        ``[T]``, int32 or int64, any stride: each token's position (its row
+        of ``cos_sin_cache``). ``[3, T]`` with ``mrope_section``: M-RoPE's
+        time, height and width positions. None: per-token cos/sin, token t
+        reads row t of ``cos_sin_cache``, which then has ``T`` rows (a
+        model's precomputed cos/sin, e.g. from :func:`rope_cos_sin_rows`).
     slots : torch.Tensor
         ``[T]``, int32 or int64. ``slots[t] < 0`` skips token t's cache
         write; a slot ``>= pool_size`` is never written.
@@ -101,6 +104,14 @@ def rope_pool_fused(
     norm_weight_offset : float
         0: ``weight * normalized.to(dtype)`` (Qwen3); 1: ``(1 + weight) *
         normalized`` in float32 (Gemma 3).
+    mrope_section : sequence of int, optional
+        M-RoPE (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): the frequencies rotated by
+        the time, height and width positions, summing to ``rotary_dim // 2``
+        (the config's ``rope_scaling["mrope_section"]``); positions are then
+        ``[3, T]``.
+    mrope_interleaved : bool
+        The sections' frequencies interleaved (Qwen3-VL) instead of
+        consecutive (Qwen2-VL, Qwen2.5-VL).
 
     Returns
     -------
@@ -155,6 +166,8 @@ def rope_pool_fused(
         k_norm_weight,
         norm_eps,
         norm_weight_offset,
+        mrope_section,
+        mrope_interleaved,
     )
     if check_slots is not None and not isinstance(check_slots, bool):
         # raises in its turn: an earlier argument of the wrong type names itself first
@@ -204,6 +217,12 @@ def _read_args(a: _ops.RopeArgs, inplace, check_slots=None) -> Tuple[_ops.RopeAr
     k_norm_weight = tensor_arg(a.k_norm_weight, "k_norm_weight", optional=True)
     norm_eps = float_arg(a.norm_eps, _OP, "norm_eps")
     norm_weight_offset = float_arg(a.norm_weight_offset, _OP, "norm_weight_offset")
+    mrope_section = a.mrope_section
+    if mrope_section is not None:
+        if not isinstance(mrope_section, (list, tuple)):
+            raise TypeError(f"{_OP}: mrope_section must be a list or tuple of ints, got {type(mrope_section).__name__}")
+        mrope_section = [int_arg(n, _OP, "mrope_section") for n in mrope_section]
+    mrope_interleaved = bool_arg(a.mrope_interleaved, _OP, "mrope_interleaved")
     read = a._replace(
         **tensors,
         **ints,
@@ -217,5 +236,7 @@ def _read_args(a: _ops.RopeArgs, inplace, check_slots=None) -> Tuple[_ops.RopeAr
         k_norm_weight=k_norm_weight,
         norm_eps=norm_eps,
         norm_weight_offset=norm_weight_offset,
+        mrope_section=mrope_section,
+        mrope_interleaved=mrope_interleaved,
     )
     return read, inplace

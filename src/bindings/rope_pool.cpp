@@ -36,6 +36,24 @@ struct QkNorm {
   nb::handle q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset;
 };
 
+// M-RoPE's optional arguments.
+struct MRope {
+  nb::handle mrope_section, mrope_interleaved;
+};
+
+// mrope_section: None, or a list or tuple of ints (their count and values
+// are check_rope_pool's).
+void mrope_arg(const MRope& m, core::RopePoolArgs& a) {
+  a.mrope_interleaved = bool_arg(m.mrope_interleaved, kOp, "mrope_interleaved");
+  if (m.mrope_section.is_none()) return;
+  if (!nb::isinstance<nb::list>(m.mrope_section) && !nb::isinstance<nb::tuple>(m.mrope_section))
+    throw nb::type_error(("rope_pool_fused: mrope_section must be a list or tuple of ints, got " +
+                          nb::cast<std::string>(m.mrope_section.type().attr("__name__")))
+                             .c_str());
+  a.has_mrope_section = true;
+  for (nb::handle n : m.mrope_section) a.mrope_section.push_back(int_arg(n, kOp, "mrope_section"));
+}
+
 core::KvLayout layout_arg(nb::handle obj) {
   if (!nb::isinstance<nb::str>(obj))
     throw nb::type_error(
@@ -59,7 +77,7 @@ bool import_optional(Import import, nb::handle obj, const char* name, ImportedTe
 // type names itself); check_rope_pool(in.args) validates them.
 Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                      nb::handle k_pool, nb::handle v_pool, const Scalars& sc, nb::handle cos_sin_cache,
-                     const KvFormat& kv, const QkNorm& nm) {
+                     const KvFormat& kv, const QkNorm& nm, const MRope& mr) {
   Imported in;
   in.q = import(q, "q");
   in.k = import(k, "k");
@@ -92,13 +110,14 @@ Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb
   a.has_k_norm = import_optional(import, nm.k_norm_weight, "k_norm_weight", in.k_norm, a.k_norm_weight);
   a.norm_eps = float_arg(nm.norm_eps, kOp, "norm_eps");
   a.norm_offset = float_arg(nm.norm_weight_offset, kOp, "norm_weight_offset");
+  mrope_arg(mr, a);
   return in;
 }
 
 Imported import_and_check(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
                           nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
-                          nb::handle cos_sin_cache, const KvFormat& kv, const QkNorm& nm) {
-  Imported in = import_args(import, q, k, v, positions, slots, k_pool, v_pool, sc, cos_sin_cache, kv, nm);
+                          nb::handle cos_sin_cache, const KvFormat& kv, const QkNorm& nm, const MRope& mr) {
+  Imported in = import_args(import, q, k, v, positions, slots, k_pool, v_pool, sc, cos_sin_cache, kv, nm, mr);
   core::check_rope_pool(in.args);
   return in;
 }
@@ -110,11 +129,13 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
                            nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
                            nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale, nb::handle v_scale,
                            nb::handle kv_layout, nb::handle q_norm_weight, nb::handle k_norm_weight,
-                           nb::handle norm_eps, nb::handle norm_weight_offset) {
+                           nb::handle norm_eps, nb::handle norm_weight_offset, nb::handle mrope_section,
+                           nb::handle mrope_interleaved) {
   Imported in =
       import_args(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
                   {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache,
-                  {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset});
+                  {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset},
+                  {mrope_section, mrope_interleaved});
   const core::RopePoolArgs& a = in.args;
   if (a.q.device.type == core::DeviceType::MPS) return nb::none();
   core::check_rope_pool(a);
@@ -163,10 +184,12 @@ void rope_pool_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positi
                      nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
                      nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale, nb::handle v_scale,
                      nb::handle kv_layout, nb::handle q_norm_weight, nb::handle k_norm_weight, nb::handle norm_eps,
-                     nb::handle norm_weight_offset, bool metadata_only) {
+                     nb::handle norm_weight_offset, nb::handle mrope_section, nb::handle mrope_interleaved,
+                     bool metadata_only) {
   import_and_check(metadata_only ? import_metadata : import_tensor, q, k, v, positions, slots, k_pool, v_pool,
                    {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache,
-                   {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset});
+                   {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset},
+                   {mrope_section, mrope_interleaved});
 }
 
 // The Metal dispatch (parameter block as bytes, threadgroups, threads per
@@ -177,11 +200,13 @@ nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::han
                                nb::handle num_kv_heads, nb::handle rope_base, nb::handle rotary_dim, nb::handle is_neox,
                                nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale, nb::handle v_scale,
                                nb::handle kv_layout, nb::handle q_norm_weight, nb::handle k_norm_weight,
-                               nb::handle norm_eps, nb::handle norm_weight_offset, nb::handle q_rot, nb::handle k_rot) {
+                               nb::handle norm_eps, nb::handle norm_weight_offset, nb::handle mrope_section,
+                               nb::handle mrope_interleaved, nb::handle q_rot, nb::handle k_rot) {
   Imported in =
       import_and_check(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
                        {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache,
-                       {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset});
+                       {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset},
+                       {mrope_section, mrope_interleaved});
   const core::TensorArg qo = import_tensor(q_rot, "q_rot").arg, ko = import_tensor(k_rot, "k_rot").arg;
   const core::MetalDispatch d = core::plan_rope_pool_metal(in.args, qo, ko);
   return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(&d.params), sizeof(d.params)), d.threadgroups,
@@ -198,6 +223,7 @@ void init_rope_pool(nb::module_& m) {
         nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(),
         nb::arg("v_scale").none(), nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(),
         nb::arg("k_norm_weight").none(), nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(),
+        nb::arg("mrope_section").none(), nb::arg("mrope_interleaved").none(),
         "Fused RoPE on q and k plus KV-pool scatter; returns (q_rot, k_rot, k_pool, v_pool), or None after "
         "the checks for MPS tensors (dispatched through torch).");
   m.def("rope_pool_check", &rope_pool_check, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
@@ -207,7 +233,8 @@ void init_rope_pool(nb::module_& m) {
         nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(),
         nb::arg("v_scale").none(), nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(),
         nb::arg("k_norm_weight").none(), nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(),
-        nb::arg("metadata_only") = false, "Runs rope_pool_fused's checks only (ValueError on failure).");
+        nb::arg("mrope_section").none(), nb::arg("mrope_interleaved").none(), nb::arg("metadata_only") = false,
+        "Runs rope_pool_fused's checks only (ValueError on failure).");
   m.def("rope_pool_metal_plan", &rope_pool_metal_plan, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
         nb::arg("positions").none(), nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
         nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(), nb::arg("num_kv_heads").none(),
@@ -215,8 +242,8 @@ void init_rope_pool(nb::module_& m) {
         nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(),
         nb::arg("v_scale").none(), nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(),
         nb::arg("k_norm_weight").none(), nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(),
-        nb::arg("q_rot").none(), nb::arg("k_rot").none(),
-        "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
+        nb::arg("mrope_section").none(), nb::arg("mrope_interleaved").none(), nb::arg("q_rot").none(),
+        nb::arg("k_rot").none(), "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
 }
 
 }  // namespace attnprep::bindings

@@ -48,7 +48,9 @@ void check_rope_pool(const RopePoolArgs& a) {
   const auto qkv_shapes = [&] { return shape_note({{"q", &q}, {"k", &k}, {"v", &v}}); };
   const auto pool_shapes = [&] { return shape_note({{"k_pool", &a.k_pool}, {"v_pool", &a.v_pool}}); };
   require(q.ndim == 3 && k.ndim == 3 && v.ndim == 3, "rope_pool_fused expects q/k/v to be 3-D", qkv_shapes);
-  require((!a.has_positions || a.positions.ndim == 1) && a.slots.ndim == 1,
+  // M-RoPE positions ([3, T]) are checked by their own check, after the others.
+  const bool positions_1d = a.has_positions && !a.has_mrope_section;
+  require((!positions_1d || a.positions.ndim == 1) && a.slots.ndim == 1,
           "rope_pool_fused expects positions/slots to be 1-D",
           [&] { return shape_note({{"positions", &a.positions}, {"slots", &a.slots}}); });
   // 4-D pools are paged (docs/contract.md); the documented text is the original op's
@@ -68,7 +70,7 @@ void check_rope_pool(const RopePoolArgs& a) {
                      expected(a.num_kv_heads, k));
   if (!v.same_shape(k))
     throw ValueError("v shape must match k shape, got " + shape_str(v) + " vs " + shape_str(k), qkv_shapes());
-  require((!a.has_positions || a.positions.size(0) == T) && a.slots.size(0) == T,
+  require((!positions_1d || a.positions.size(0) == T) && a.slots.size(0) == T,
           "positions/slots must have one entry per token", [&] {
             return "num_tokens: " + std::to_string(T) + ", " +
                    shape_note({{"positions", &a.positions}, {"slots", &a.slots}});
@@ -219,6 +221,27 @@ void check_rope_pool(const RopePoolArgs& a) {
     throw ValueError("positions=None needs cos_sin_cache of one row per token, [num_tokens, rotary_dim] = [" +
                          std::to_string(T) + ", " + std::to_string(rot) + "]",
                      a.has_cache ? "got " + shape_str(a.cos_sin_cache) : "got no cos_sin_cache");
+
+  // M-RoPE.
+  if (a.has_mrope_section) {
+    const std::vector<int64_t>& sec = a.mrope_section;
+    bool ok = sec.size() == 3;
+    int64_t sum = 0;
+    for (int64_t n : sec) {
+      ok = ok && n >= 0 && n <= rot;
+      sum += ok ? n : 0;
+    }
+    if (!ok || sum != rot / 2) {
+      std::string got;
+      for (int64_t n : sec) got += (got.empty() ? "" : ", ") + std::to_string(n);
+      throw ValueError("mrope_section must be three non-negative integers summing to rotary_dim / 2 = " +
+                       std::to_string(rot / 2) + ", got [" + got + "]");
+    }
+  }
+  require(!a.mrope_interleaved || a.has_mrope_section, "mrope_interleaved=True needs mrope_section");
+  if (a.has_mrope_section && !(a.has_positions && a.positions.has_shape({3, T})))
+    throw ValueError("M-RoPE positions must have shape [3, num_tokens] = [3, " + std::to_string(T) + "], got " +
+                     (a.has_positions ? shape_str(a.positions) : std::string("None")));
 }
 
 std::vector<float> rope_inv_freq(double base, int64_t rotary_dim) {
@@ -266,7 +289,16 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   p.rotary_dim = static_cast<ap_i32>(a.rot());
   p.is_neox = a.is_neox ? 1 : 0;
   p.positions_kind = !a.has_positions ? 2 : a.positions.dtype == DType::Int64 ? 1 : 0;
+  if (a.has_positions) {
+    p.pos_stride_token = a.positions.stride(-1);
+    p.pos_stride_axis = a.has_mrope_section ? a.positions.stride(0) : 0;
+  }
   p.slots_int64 = a.slots.dtype == DType::Int64 ? 1 : 0;
+  p.slots_stride = a.slots.stride(0);
+  if (a.has_mrope_section) {
+    p.mrope = a.mrope_interleaved ? 2 : 1;
+    for (int j = 0; j < 3; ++j) p.mrope_section[j] = static_cast<ap_i32>(a.mrope_section[static_cast<size_t>(j)]);
+  }
   p.use_cache = a.has_cache ? 1 : 0;
   if (a.has_cache) {
     p.cache_stride = a.cos_sin_cache.stride(0);
@@ -278,7 +310,8 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
     const TensorArg& c = a.cos_sin_cache;
     const bool on16 = reinterpret_cast<uintptr_t>(c.data) % 16 == 0 && c.byte_stride(0) % 16 == 0 &&
                       (a.rot() / 2 * c.itemsize) % 16 == 0;
-    p.cache_vector = on16 ? 1 : 0;
+    // M-RoPE tokens read three rows: the table path gathers them.
+    p.cache_vector = on16 && !a.has_mrope_section ? 1 : 0;
   } else {
     const std::vector<float> f = rope_inv_freq(a.rope_base, a.rot());
     for (size_t i = 0; i < f.size(); ++i) p.inv_freq[i] = f[i];

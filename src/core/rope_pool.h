@@ -39,6 +39,11 @@ struct RopePoolArgs {
   int64_t rotary_dim = 0;
   bool is_neox = true;
   bool inplace = false;  // q_rot/k_rot are q/k themselves
+  // M-RoPE: positions [3, T] (time, height, width), mrope_section as given (checked: three counts summing to
+  // rotary_dim / 2), its frequencies in sections or interleaved (rope_mrope_axis).
+  bool has_mrope_section = false;
+  std::vector<int64_t> mrope_section;
+  bool mrope_interleaved = false;
 
   int64_t rot() const { return has_rotary_dim ? rotary_dim : head_dim; }
   void set_rotary_dim(int64_t r) {

@@ -28,8 +28,10 @@ struct RopePoolParams {
   ap_i64 ko_stride_token, ko_stride_head;
   ap_i64 kp_stride_page, kp_stride_offset, kp_stride_head;
   ap_i64 vp_stride_page, vp_stride_offset, vp_stride_head;
-  ap_i64 cache_stride;  // elements between rows of cos_sin_cache
-  ap_i64 cache_len;     // rows of cos_sin_cache (max_position)
+  ap_i64 cache_stride;                       // elements between rows of cos_sin_cache
+  ap_i64 cache_len;                          // rows of cos_sin_cache (max_position)
+  ap_i64 pos_stride_token, pos_stride_axis;  // positions [T] or [3, T] (M-RoPE): elements between entries
+  ap_i64 slots_stride;
   ap_i32 num_qo_heads, num_kv_heads;
   ap_i32 head_dim, rotary_dim;
   ap_i32 is_neox;         // 1: rotate halves; 0: GPT-J interleaved pairs
@@ -52,16 +54,31 @@ struct RopePoolParams {
   float norm_eps;                 // float32(norm_eps)
   float norm_offset;              // 0: weight * T(normalized) (Llama/Qwen3); else (offset + weight) * normalized
   ap_i32 cache_vector;            // 1: cos_sin_cache's rows and their sin halves start on 16-byte boundaries
+  ap_i32 mrope;                   // 0: one position per token; 1 M-RoPE sections; 2 M-RoPE interleaved
+  ap_i32 mrope_section[3];        // frequencies of the time, height and width axes
   float inv_freq[ATTNPREP_ROPE_MAX_HALF];  // float32(1 / base^(2i / rotary_dim)), used when !use_cache
 };
 
+// M-RoPE: the position axis (0 time, 1 height, 2 width) that rotates frequency i. Sections (Qwen2-VL, Qwen2.5-VL):
+// consecutive blocks of mrope_section[j] frequencies; interleaved (Qwen3-VL): i % 3 == j for i < 3 * mrope_section[j].
+#if defined(__CUDACC__)
+__host__ __device__ __forceinline__
+#else
+inline
+#endif
+    int rope_mrope_axis(int kind, int s0, int s1, int s2, int i) {
+  if (kind == 1) return i < s0 ? 0 : (i < s0 + s1 ? 1 : 2);
+  const int r = i % 3;
+  return (r == 1 && i < 3 * s1) ? 1 : ((r == 2 && i < 3 * s2) ? 2 : 0);
+}
+
 #if !defined(__METAL_VERSION__)
-static_assert(sizeof(RopePoolParams) == 21 * 8 + 24 * 4 + ATTNPREP_ROPE_MAX_HALF * 4,
+static_assert(sizeof(RopePoolParams) == 24 * 8 + 28 * 4 + ATTNPREP_ROPE_MAX_HALF * 4,
               "RopePoolParams layout must match the Metal side");
-static_assert(offsetof(RopePoolParams, num_qo_heads) == 168, "layout");
-static_assert(offsetof(RopePoolParams, width) == 204, "layout");
-static_assert(offsetof(RopePoolParams, pool_fp8) == 216, "layout");
-static_assert(offsetof(RopePoolParams, norm_q) == 228, "layout");
-static_assert(offsetof(RopePoolParams, norm_eps) == 252, "layout");
-static_assert(offsetof(RopePoolParams, inv_freq) == 264, "layout");
+static_assert(offsetof(RopePoolParams, num_qo_heads) == 192, "layout");
+static_assert(offsetof(RopePoolParams, width) == 228, "layout");
+static_assert(offsetof(RopePoolParams, pool_fp8) == 240, "layout");
+static_assert(offsetof(RopePoolParams, norm_q) == 252, "layout");
+static_assert(offsetof(RopePoolParams, norm_eps) == 276, "layout");
+static_assert(offsetof(RopePoolParams, inv_freq) == 304, "layout");
 #endif

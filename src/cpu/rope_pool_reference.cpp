@@ -39,8 +39,10 @@ double read_scalar(const core::TensorArg& t, int64_t offset) {
   }
 }
 
-int64_t read_index(const core::TensorArg& t, int64_t i) {
-  const auto* base = static_cast<const unsigned char*>(t.data) + i * t.strides[0] * t.itemsize;
+// Entry i of a 1-D index tensor, or entry (axis, i) of M-RoPE's [3, T] positions.
+int64_t read_index(const core::TensorArg& t, int64_t i, int64_t axis = 0) {
+  const int64_t at = t.ndim == 2 ? axis * t.strides[0] + i * t.strides[1] : i * t.strides[0];
+  const auto* base = static_cast<const unsigned char*>(t.data) + at * t.itemsize;
   if (t.dtype == core::DType::Int64) {
     int64_t v;
     std::memcpy(&v, base, 8);
@@ -112,11 +114,22 @@ RopePoolReference rope_pool_reference(const core::RopePoolArgs& a) {
   std::vector<double> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
 
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t pos = a.has_positions ? read_index(a.positions, t) : t;
+    // M-RoPE: frequency i rotates by its axis's position; a token with any
+    // position outside the table is NaN throughout
+    int64_t axis_pos[3];
     bool ok = true;
+    for (int axis = 0; axis < 3; ++axis) {
+      axis_pos[axis] = a.has_positions ? read_index(a.positions, t, a.has_mrope_section ? axis : 0) : t;
+      if (a.has_cache) ok = ok && axis_pos[axis] >= 0 && axis_pos[axis] < a.cos_sin_cache.size(0);
+    }
+    const int kind = !a.has_mrope_section ? 0 : a.mrope_interleaved ? 2 : 1;
     for (int64_t i = 0; i < half; ++i) {
+      const int64_t pos = kind == 0
+                              ? axis_pos[0]
+                              : axis_pos[rope_mrope_axis(kind, static_cast<int>(a.mrope_section[0]),
+                                                         static_cast<int>(a.mrope_section[1]),
+                                                         static_cast<int>(a.mrope_section[2]), static_cast<int>(i))];
       if (a.has_cache) {
-        ok = pos >= 0 && pos < a.cos_sin_cache.size(0);
         const double nan = std::numeric_limits<double>::quiet_NaN();
         c[i] = ok ? read_scalar(a.cos_sin_cache, pos * a.cos_sin_cache.strides[0] + i) : nan;
         s[i] = ok ? read_scalar(a.cos_sin_cache, pos * a.cos_sin_cache.strides[0] + half + i) : nan;

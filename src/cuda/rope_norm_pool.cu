@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, Policy::general_norm_min_blocks_per_
   const bool write_pool = place.write_pool;
   const NormWeightBits first_w = start_norm_weights<T>(p, ptr);  // staged around the table
   for (int i = threadIdx.x; i < half; i += blockDim.x)
-    cs[i] = token_cos_sin(p, ptr, place.pos, place.pos_ok, i, p.inv_freq[i]);
+    cs[i] = token_cos_sin(p, ptr, freq_position(p, ptr, t, place.pos, i), place.pos_ok, i, p.inv_freq[i]);
   finish_norm_weights<T>(norm_w, p, ptr, first_w);
   __syncthreads();
 

@@ -15,6 +15,7 @@ namespace attnprep::cuda::rope {
 // reports it on the host); a slot outside [0, pool_size) is not written.
 struct TokenPlace {
   int64_t pos, slot;
+  int64_t pos_lo, pos_hi;  // M-RoPE: the smallest and largest of the token's three positions
   bool pos_ok, write_pool;
 };
 // read_token_place asks for them; check_token_place then uses them (a
@@ -23,17 +24,35 @@ struct TokenPlace {
 __device__ __forceinline__ TokenPlace read_token_place(const RopePoolParams& p, const RopePoolPointers& ptr,
                                                        int64_t t) {
   TokenPlace tp;
-  tp.pos = p.positions_kind == 2 ? t : read_index(ptr.positions, t, p.positions_kind);
-  tp.slot = read_index(ptr.slots, t, p.slots_int64);
+  tp.pos = p.positions_kind == 2 ? t : read_index(ptr.positions, t * p.pos_stride_token, p.positions_kind);
+  tp.slot = read_index(ptr.slots, t * p.slots_stride, p.slots_int64);
+  tp.pos_lo = tp.pos_hi = tp.pos;
+  if (p.mrope) {
+    for (int axis = 1; axis < 3; ++axis) {
+      const int64_t a = read_index(ptr.positions, axis * p.pos_stride_axis + t * p.pos_stride_token, p.positions_kind);
+      tp.pos_lo = min(tp.pos_lo, a);
+      tp.pos_hi = max(tp.pos_hi, a);
+    }
+  }
   return tp;
 }
 __device__ __forceinline__ TokenPlace check_token_place(const RopePoolParams& p, TokenPlace tp) {
-  tp.pos_ok = !p.use_cache || (tp.pos >= 0 && tp.pos < p.cache_len);
+  tp.pos_ok = !p.use_cache || (tp.pos_lo >= 0 && tp.pos_hi < p.cache_len);
   tp.write_pool = tp.pos_ok && tp.slot >= 0 && tp.slot < p.pool_size;
   return tp;
 }
 __device__ __forceinline__ TokenPlace token_place(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t) {
   return check_token_place(p, read_token_place(p, ptr, t));
+}
+
+// The position that rotates frequency i of token t: `pos` (its time-axis one), or with M-RoPE that of the
+// frequency's axis (a second read of an L1-resident line).
+__device__ __forceinline__ int64_t freq_position(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t t,
+                                                 int64_t pos, int i) {
+  if (!p.mrope) return pos;
+  const int axis = rope_mrope_axis(p.mrope, p.mrope_section[0], p.mrope_section[1], p.mrope_section[2], i);
+  return axis == 0 ? pos
+                   : read_index(ptr.positions, axis * p.pos_stride_axis + t * p.pos_stride_token, p.positions_kind);
 }
 
 // Where head `head` of slot `slot` starts in the v (is_v) or k pool, in elements: slot -> (page, offset) by a 32-bit

@@ -84,9 +84,15 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
   if (long(group) >= p.num_tokens) return;
   const long t = long(group);
   const int half_rot = p.rotary_dim / 2;
-  const long pos = p.positions_kind == 2 ? t : rope_read_index(positions, t, p.positions_kind);
-  const long slot = rope_read_index(slots, t, p.slots_int64);
-  const bool pos_ok = p.use_cache == 0 || (pos >= 0 && pos < p.cache_len);
+  // M-RoPE: positions [3, T], frequency i rotated by its axis's position
+  long axis_pos[3];
+  bool pos_ok = true;
+  for (int axis = 0; axis < 3; ++axis) {
+    const long at = (p.mrope != 0 ? long(axis) * p.pos_stride_axis : 0) + t * p.pos_stride_token;
+    axis_pos[axis] = p.positions_kind == 2 ? t : rope_read_index(positions, at, p.positions_kind);
+    pos_ok = pos_ok && (p.use_cache == 0 || (axis_pos[axis] >= 0 && axis_pos[axis] < p.cache_len));
+  }
+  const long slot = rope_read_index(slots, t * p.slots_stride, p.slots_int64);
   const bool write_pool = pos_ok && slot >= 0 && slot < p.pool_size;
   // slot -> (page, offset) of a paged pool; a flat pool is pages of one slot.
   // Only for a slot in the pool: a pool of empty pages has page_size 0.
@@ -96,6 +102,10 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
   const long v_row = page * p.vp_stride_page + offset * p.vp_stride_offset;
 
   for (int i = int(lid); i < half_rot; i += int(nthreads)) {
+    const long pos =
+        p.mrope == 0
+            ? axis_pos[0]
+            : axis_pos[rope_mrope_axis(p.mrope, p.mrope_section[0], p.mrope_section[1], p.mrope_section[2], i)];
     float c;
     float s;
     if (p.use_cache == 0) {

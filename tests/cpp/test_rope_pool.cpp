@@ -313,6 +313,75 @@ TEST_CASE("QK norm: checks 34-39 and the device check, in the documented order")
                    "q_norm_weight and k_norm_weight must be float32 or q's dtype (torch.bfloat16), got torch.float16");
 }
 
+TEST_CASE("M-RoPE: checks 41-43 after every earlier one, the axis of each frequency, the parameter block") {
+  auto mrope = [](std::vector<int64_t> section, std::initializer_list<int64_t> pos_shape = {3, 4}) {
+    RopePoolArgs a = args();  // head_dim 64: 32 frequencies
+    a.positions = make(pos_shape, DType::Int64, cuda0);
+    a.has_mrope_section = true;
+    a.mrope_section = std::move(section);
+    return a;
+  };
+  check_rope_pool(mrope({8, 12, 12}));
+  check_rope_pool(mrope({32, 0, 0}));
+  const char* sum = "mrope_section must be three non-negative integers summing to rotary_dim / 2 = 32, got ";
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(mrope({8, 12, 13})), std::string(sum) + "[8, 12, 13]");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(mrope({20, 12})), std::string(sum) + "[20, 12]");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(mrope({40, -4, -4})), std::string(sum) + "[40, -4, -4]");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(mrope({INT64_MAX, INT64_MAX, 2})),
+                   std::string(sum) + "[9223372036854775807, 9223372036854775807, 2]");
+  RopePoolArgs partial = mrope({4, 6, 6});
+  partial.set_rotary_dim(32);
+  check_rope_pool(partial);
+  RopePoolArgs interleaved = args();
+  interleaved.mrope_interleaved = true;
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(interleaved), "mrope_interleaved=True needs mrope_section");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(mrope({8, 12, 12}, {4})),
+                   "M-RoPE positions must have shape [3, num_tokens] = [3, 4], got torch.Size([4])");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(mrope({8, 12, 12}, {3, 5})),
+                   "M-RoPE positions must have shape [3, num_tokens] = [3, 4], got torch.Size([3, 5])");
+  RopePoolArgs rows = mrope({8, 12, 12});
+  rows.has_positions = false;
+  rows.has_cache = true;
+  rows.cos_sin_cache = make({4, 64}, DType::Float32, cuda0);
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(rows),
+                   "M-RoPE positions must have shape [3, num_tokens] = [3, 4], got None");
+  // 2-D positions without a section: check 2; earlier checks first
+  REJECTS(a.positions = make({3, 4}, DType::Int64), "rope_pool_fused expects positions/slots to be 1-D");
+  RopePoolArgs early = mrope({1, 1, 1}, {4});
+  early.norm_eps = 0;
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(early), "norm_eps must be a positive finite number, got 0");
+  RopePoolArgs int_dtype = mrope({8, 12, 12});
+  int_dtype.positions = make({3, 4}, DType::Float32, cuda0);
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(int_dtype), "rope_pool_fused expects int32 or int64 positions/slots");
+
+  // Qwen2.5-VL's sections of 64 frequencies, Qwen3-VL's interleaved ones
+  const int qwen2[] = {0, 15, 16, 39, 40, 63}, qwen2_axis[] = {0, 0, 1, 1, 2, 2};
+  for (int j = 0; j < 6; ++j) CHECK_EQ(rope_mrope_axis(1, 16, 24, 24, qwen2[j]), qwen2_axis[j]);
+  const int qwen3[] = {0, 1, 2, 3, 58, 59, 60, 61, 62, 63}, qwen3_axis[] = {0, 1, 2, 0, 1, 2, 0, 0, 0, 0};
+  for (int j = 0; j < 10; ++j) CHECK_EQ(rope_mrope_axis(2, 24, 20, 20, qwen3[j]), qwen3_axis[j]);
+
+  // strides of [3, T] positions and of slots reach the kernels; M-RoPE gathers rows, never the row path
+  RopePoolArgs p = mrope({8, 12, 12});
+  p.positions = make({3, 4}, DType::Int32, cuda0, {10, 2});
+  p.slots = make({4}, DType::Int64, cuda0, {3});
+  p.has_cache = true;
+  p.cos_sin_cache = make({100, 64}, DType::Float32, cuda0);
+  p.mrope_interleaved = true;
+  const RopePoolParams prm = make_rope_pool_params(p, p.q, p.k);
+  CHECK_EQ(prm.pos_stride_axis, 10);
+  CHECK_EQ(prm.pos_stride_token, 2);
+  CHECK_EQ(prm.slots_stride, 3);
+  CHECK_EQ(prm.mrope, 2);
+  CHECK_EQ(prm.mrope_section[1], 12);
+  CHECK_EQ(prm.cache_vector, 0);
+  p.has_mrope_section = p.mrope_interleaved = false;
+  p.positions = make({4}, DType::Int32, cuda0, {5});
+  const RopePoolParams one = make_rope_pool_params(p, p.q, p.k);
+  CHECK_EQ(one.pos_stride_token, 5);
+  CHECK_EQ(one.mrope, 0);
+  CHECK_EQ(one.cache_vector, 1);
+}
+
 TEST_CASE("QK norm split: lanes x elements = head_dim padded to a power of two") {
   CHECK_EQ(plan_rope_norm_split(128, 8).lanes, 8);  // bf16: two 16-byte groups per lane
   CHECK_EQ(plan_rope_norm_split(128, 8).per_lane, 16);

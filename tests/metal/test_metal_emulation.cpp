@@ -79,10 +79,12 @@ struct Case {
   DType dtype = DType::BFloat16;
   int64_t T = 17, hq = 8, hkv = 2, D = 64, rot = -1, pool = 40, pool_pad = 0;
   bool neox = true, cache = false, cache_bf16 = false, inplace = false, duplicate_slot = false;
-  bool token_rows = false;   // positions=None: token t reads row t of a cache of T rows
-  int64_t page_size = 0;     // 0: a flat pool; else paged, `pool` slots in pages of this many
-  bool hnd = false;          // paged layout: [pages, heads, page, D] instead of [pages, page, heads, D]
-  bool empty_pages = false;  // paged, 3 pages of no slots (page_size 0): every slot is past the pool
+  bool token_rows = false;     // positions=None: token t reads row t of a cache of T rows
+  int mrope = 0;               // M-RoPE positions [3, T]: 1 sections, 2 interleaved
+  bool strided_index = false;  // positions and slots every other entry of a larger buffer
+  int64_t page_size = 0;       // 0: a flat pool; else paged, `pool` slots in pages of this many
+  bool hnd = false;            // paged layout: [pages, heads, page, D] instead of [pages, page, heads, D]
+  bool empty_pages = false;    // paged, 3 pages of no slots (page_size 0): every slot is past the pool
   int64_t pad_groups = 0;
   int threads = 32;
   // QK norm: 0 none; 1 q and k, float32 weights, offset 0 (Qwen3); 2 k only,
@@ -151,25 +153,37 @@ void run_case(const Case& c, uint32_t seed) {
   a.rope_base = 10000.0;
   a.kv_layout = c.hnd ? core::KvLayout::HND : core::KvLayout::NHD;
   // positions int64, slots int32: some negative, some past the pool
-  std::vector<int64_t> positions(static_cast<size_t>(c.T));
-  std::vector<int32_t> slots(static_cast<size_t>(c.T));
+  const int64_t step = c.strided_index ? 2 : 1;
+  std::vector<int64_t> positions(static_cast<size_t>(3 * c.T * step));
+  std::vector<int32_t> slots(static_cast<size_t>(c.T * step));
   std::mt19937 rng(seed);
   std::vector<int32_t> perm(static_cast<size_t>(c.pool));
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   const int64_t max_pos = c.cache ? 300 : (1 << 20);
   for (int64_t t = 0; t < c.T; ++t) {
-    positions[t] = static_cast<int64_t>(rng() % max_pos);
-    slots[t] = t < c.pool ? perm[static_cast<size_t>(t)] : static_cast<int32_t>(t);
-    if (t % 5 == 1) slots[t] = -1;
-    if (t % 7 == 3) slots[t] = static_cast<int32_t>(c.pool + t);
+    for (int64_t axis = 0; axis < 3; ++axis)
+      positions[static_cast<size_t>((axis * c.T + t) * step)] = static_cast<int64_t>(rng() % max_pos);
+    int32_t& slot = slots[static_cast<size_t>(t * step)];
+    slot = t < c.pool ? perm[static_cast<size_t>(t)] : static_cast<int32_t>(t);
+    if (t % 5 == 1) slot = -1;
+    if (t % 7 == 3) slot = static_cast<int32_t>(c.pool + t);
   }
-  if (c.duplicate_slot && c.T > 4) slots[4] = slots[0] = 7;
-  a.positions = test::make({c.T}, DType::Int64, mps);
+  if (c.duplicate_slot && c.T > 4) slots[static_cast<size_t>(4 * step)] = slots[0] = 7;
+  a.positions = c.mrope ? test::make({3, c.T}, DType::Int64, mps) : test::make({c.T}, DType::Int64, mps);
+  a.positions.strides[a.positions.ndim - 1] = step;
+  if (c.mrope) a.positions.strides[0] = c.T * step;
   a.positions.data = positions.data();
   a.has_positions = !c.token_rows;
   a.slots = test::make({c.T}, DType::Int32, mps);
+  a.slots.strides[0] = step;
   a.slots.data = slots.data();
+  if (c.mrope) {
+    const int64_t half = (c.rot < 0 ? c.D : c.rot) / 2, hw = 3 * half / 8;  // Qwen2-VL's 16/24/24 of 64, scaled
+    a.has_mrope_section = true;
+    a.mrope_section = {half - 2 * hw, hw, hw};
+    a.mrope_interleaved = c.mrope == 2;
+  }
   Buffer<float> cache32;
   std::vector<uint16_t> cache16;
   const int64_t rot = c.rot < 0 ? c.D : c.rot;
@@ -233,7 +247,8 @@ void run_case(const Case& c, uint32_t seed) {
 
   const std::string what = std::string(core::dtype_name(dt)) + " T=" + std::to_string(c.T) +
                            " D=" + std::to_string(c.D) + " rot=" + std::to_string(rot) + (c.neox ? " neox" : " gptj") +
-                           (c.cache ? " cache" : "") + (c.norm ? " norm" + std::to_string(c.norm) : "") +
+                           (c.cache ? " cache" : "") + (c.mrope ? " mrope" + std::to_string(c.mrope) : "") +
+                           (c.norm ? " norm" + std::to_string(c.norm) : "") +
                            (P || c.empty_pages ? (c.hnd ? " HND page " : " NHD page ") + std::to_string(P) : "");
   // q_rot / k_rot against the reference
   // `rotated`: the reference's rotation inputs (normalized heads where asked)
@@ -349,6 +364,21 @@ TEST_CASE("emulated Metal kernel: per-token cos/sin (positions=None), float32 an
       c.cache_bf16 = bf16;
       c.norm = norm;
       c.neox = !bf16;
+      run_case<bfloat>(c, seed++);
+    }
+}
+
+TEST_CASE("emulated Metal kernel: M-RoPE (sections and interleaved), strided positions and slots") {
+  uint32_t seed = 170;
+  for (int mrope : {0, 1, 2})
+    for (bool cache : {false, true}) {
+      Case c;
+      c.mrope = mrope;
+      c.strided_index = true;
+      c.cache = cache;
+      c.neox = mrope != 2;
+      c.rot = mrope == 1 ? 48 : -1;
+      c.norm = cache ? 1 : 0;
       run_case<bfloat>(c, seed++);
     }
 }

@@ -19,7 +19,7 @@ import attnprep
 import pytest
 import torch
 from attnprep import _bench as common
-from attnprep.testing import merge_reference, pack_reference
+from attnprep.testing import merge_reference, mrope_cos_sin_rows, pack_reference, rope_reference
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import bench_pack_qkv  # noqa: E402
@@ -49,11 +49,21 @@ def fake_rope_pool_fused(
     kv_layout=None,
     k_scale=None,
     v_scale=None,
+    mrope_section=None,
+    mrope_interleaved=False,
 ):
     b = bench_rope_pool
     if q_norm_weight is not None:
         q, k = b.rms_norm_model(q, q_norm_weight, norm_eps), b.rms_norm_model(k, k_norm_weight, norm_eps)
-    if kv_layout is None:
+    if mrope_section is not None or positions is None:  # cos/sin rows of the table
+        rows = cos_sin_cache
+        if mrope_section is not None:
+            rows = mrope_cos_sin_rows(cos_sin_cache, positions, mrope_section, mrope_interleaved)
+        half = rows.shape[1] // 2
+        q_rot, k_rot = (rope_reference(x, rows[:, :half], rows[:, half:], 2 * half, True).to(x.dtype) for x in (q, k))
+        k_pool.index_copy_(0, slots, k_rot)
+        v_pool.index_copy_(0, slots, v)
+    elif kv_layout is None:
         q_rot, k_rot = b.torch_rope_pool(q, k, v, positions, slots, k_pool, v_pool, b.inv_freq())
     else:
         page = k_pool.shape[1] if kv_layout == "NHD" else k_pool.shape[2]
@@ -275,6 +285,23 @@ def test_rope_norm_table(on_cpu, capsys):
                 NAN,
                 NAN,
             ],
+        )
+
+
+def test_rope_mrope_table(on_cpu, capsys, monkeypatch):
+    def real_table(d, n, base, device=None):  # a real table: the bench checks its peers against attnprep's values
+        angle = torch.arange(n, dtype=torch.float32)[:, None] * bench_rope_pool.inv_freq()
+        return torch.cat([angle.cos(), angle.sin()], dim=1)
+
+    monkeypatch.setattr(attnprep, "rope_cos_sin_cache", real_table)
+    bench_rope_pool.run_mrope(ts=[8])
+    rows = table(capsys.readouterr().out, "rope_pool_fused with M-RoPE")
+    assert [r[0] for r in rows] == list(bench_rope_pool.MROPE_MODELS)
+    # contenders: M-RoPE 1 ms, one position 2, copy with the table rows 3, the compiled peer 4 (no Triton here)
+    for row in rows:
+        close(
+            numbers(row, []),
+            [row[0], 8.0, 1e3, 300.0, 0.5, GRAPH_US, COPY_GRAPH_US, 4e3, GRAPH_US, 4.0, NAN, NAN, NAN],
         )
 
 

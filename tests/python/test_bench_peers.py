@@ -9,9 +9,10 @@ import sys
 
 import pytest
 import torch
-from attnprep.testing import merge_reference, pack_reference
+from attnprep.testing import merge_reference, mrope_cos_sin_rows, pack_reference, rope_reference
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+import bench_rope_pool  # noqa: E402
 import peers  # noqa: E402
 
 
@@ -55,3 +56,25 @@ def test_check_refuses_a_view_in_another_layout():
     with pytest.raises(AssertionError) as e:
         peers.check(wrong, want, "wrong")
     assert str(e.value) == "wrong: wrong values"
+
+
+@pytest.mark.parametrize("section, interleaved", [([16, 24, 24], False), ([24, 20, 20], True)])
+def test_the_compiled_mrope_peer_is_the_models_mrope(section, interleaved):
+    """bench_rope_pool's M-RoPE formulation (float32, on the CPU) against the
+    reference: rows gathered by axis (attnprep.testing, checked against
+    transformers) from the table of the same angles, rotated in float64."""
+    g = torch.Generator().manual_seed(5)
+    T, D = 13, bench_rope_pool.D
+    q, k, v = (torch.randn(T, h, D, generator=g) for h in (4, 2, 2))
+    positions = torch.randint(0, 50, (3, T), generator=g)
+    freqs = (1.0 / bench_rope_pool.BASE ** (torch.arange(D // 2, dtype=torch.float64) * 2 / D)).float()
+    angle = torch.arange(50, dtype=torch.float32)[:, None] * freqs
+    table = torch.cat([angle.cos(), angle.sin()], dim=1)
+    k_pool, v_pool = torch.zeros(T, 2, D), torch.zeros(T, 2, D)
+    slots = torch.randperm(T, generator=g)
+    got = bench_rope_pool.torch_mrope_pool(q, k, v, positions, slots, k_pool, v_pool, freqs, section, interleaved)
+    rows = mrope_cos_sin_rows(table, positions, section, interleaved).double()
+    for x, out in zip((q, k), got):
+        want = rope_reference(x, rows[:, : D // 2], rows[:, D // 2 :], D, True)
+        assert torch.allclose(out.double(), want, rtol=0, atol=1e-5)
+    assert torch.equal(k_pool[slots], got[1]) and torch.equal(v_pool[slots], v)

@@ -656,6 +656,8 @@ def test_opcheck():
         wk,
         1e-6,
         1.0,
+        None,  # mrope_section
+        False,  # mrope_interleaved
         False,
     )
     torch.library.opcheck(torch.ops.attnprep.rope_pool_fused.default, args)

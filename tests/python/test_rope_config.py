@@ -145,11 +145,13 @@ def test_what_it_does_not_understand_is_named():
     assert message(gemma, 2) == "rope_kwargs_from_config: layer_idx must be in [0, 2), got 2"
     assert message(transformers.BertConfig()) == (
         "rope_kwargs_from_config: model type bert is not one it knows "
-        "(llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text, gpt_neox, gptj, phi3)"
+        "(llama, mistral, qwen2, qwen3, qwen3_moe, gemma3_text, gpt_neox, gptj, phi3, qwen2_vl_text, "
+        "qwen2_5_vl_text, qwen3_vl_text, qwen3_vl_moe_text)"
     )
-    assert message(transformers.Qwen2_5_VLConfig()) == (
-        "rope_kwargs_from_config: model type qwen2_5_vl_text rotates with M-RoPE (three position axes), "
-        "which rope_pool_fused does not take"
+    sections = transformers.LlamaConfig(**GQA)
+    sections.rope_parameters = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 6, 6]}
+    assert message(sections) == (
+        "rope_kwargs_from_config: model type llama does not rotate with M-RoPE, yet its RoPE has mrope_section"
     )
     odd = transformers.LlamaConfig(**GQA)
     odd.rope_parameters = {"rope_type": "ntk-by-parts", "rope_theta": 10000.0}
@@ -162,3 +164,34 @@ def test_what_it_does_not_understand_is_named():
     gptj = transformers.GPTJConfig(rotary_dim=8)
     gptj.__dict__["rotary_dim"] = None  # transformers' own validation refuses it; a hand-made config may not
     assert message(gptj) == ("rope_kwargs_from_config: a gptj config without rotary_dim is not one it knows")
+
+
+VL_TEXT = dict(SMALL, num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("given", [False, True], ids=["model_default", "config_section"])
+def test_vl_models_their_sections_and_their_rotary_embedding(kind, given):
+    """The text model's own rotary embedding (M-RoPE recomposed), bit for bit,
+    at VL positions (text, then an image's grid): rows of the table gathered
+    by mrope_axes from the kwargs' sections."""
+    from attnprep.testing import mrope_cos_sin_rows
+
+    section = [8, 28, 28] if kind == "qwen2_5_vl" else [16, 24, 24]
+    rope = {"rope_type": "default", "rope_theta": 1e6, **({"mrope_section": section} if given else {})}
+    if kind == "qwen2_5_vl":
+        config = transformers.Qwen2_5_VLConfig(text_config=dict(VL_TEXT, rope_parameters=rope))
+        module = transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLRotaryEmbedding
+        want = (section if given else [16, 24, 24], False)
+    else:
+        config = transformers.Qwen3VLConfig(text_config=dict(VL_TEXT, rope_parameters=rope))
+        module = transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLTextRotaryEmbedding
+        want = (section if given else [24, 20, 20], True)
+    kw = rope_kwargs_from_config(config)
+    assert (kw["mrope_section"], kw["mrope_interleaved"]) == want
+    assert (kw["head_dim"], kw["num_qo_heads"], kw["num_kv_heads"], kw["rotary_dim"]) == (128, 4, 2, 128)
+    assert ("norm_weight_offset" in kw) == (kind == "qwen3_vl")
+    positions = torch.tensor([[0, 1, 2, 3, 3, 3, 3, 9], [0, 1, 2, 3, 3, 4, 4, 9], [0, 1, 2, 3, 4, 3, 4, 9]])
+    cos, sin = module(config.get_text_config())(torch.zeros(1, 8, 128), positions[:, None])
+    rows = mrope_cos_sin_rows(kw["cos_sin_cache"], positions, *want)
+    assert torch.equal(rows[:, :64], cos[0, :, :64]) and torch.equal(rows[:, 64:], sin[0, :, :64])

@@ -804,6 +804,8 @@ def test_opcheck():
             None,
             1e-6,
             0.0,
+            None,  # mrope_section
+            False,  # mrope_interleaved
             check_slots,
         )
         torch.library.opcheck(torch.ops.attnprep.rope_pool_fused.default, args)
@@ -829,6 +831,8 @@ def test_opcheck():
         None,
         1e-6,
         0.0,
+        None,  # mrope_section
+        False,  # mrope_interleaved
         False,
     )
     torch.library.opcheck(torch.ops.attnprep.rope_pool_fused_inplace.default, args)
