@@ -7,6 +7,8 @@ Public ops (each function's docstring gives its parameters, returns and errors):
 - :func:`usp_merge_heads`: Ulysses output side.
 - :func:`rope_pool_fused`: RoPE on q/k (after an optional QK RMSNorm) and the
   KV-pool write, one launch.
+- :func:`qk_norm_rope`: the same without a KV cache, for [T, H, D] or [B, S, H, D]
+  q and k (diffusion transformers, encoders).
 - :func:`rope_cos_sin_cache`: a model's RoPE table (every scaling scheme) for it.
 - :func:`rope_cos_sin_rows`: a model's precomputed per-token cos/sin as rows for it.
 - :func:`rope_kwargs_from_config`: rope_pool_fused's arguments from a transformers config.
@@ -22,6 +24,7 @@ __version__ = "0.1.0"
 
 from ._info import build_info
 from .pack_qkv import pack_qkv_destination_major
+from .qk_norm_rope import qk_norm_rope
 from .rope_config import rope_kwargs_from_config
 from .rope_pool import rope_pool_fused
 from .rope_tables import rope_cos_sin_cache, rope_cos_sin_rows
@@ -33,6 +36,7 @@ __all__ = [
     "pack_qkv_destination_major",
     "usp_merge_heads",
     "rope_pool_fused",
+    "qk_norm_rope",
     "rope_cos_sin_cache",
     "rope_kwargs_from_config",
     "rope_cos_sin_rows",

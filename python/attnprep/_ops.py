@@ -31,7 +31,7 @@ CHECK_SLOTS_ENV = os.environ.get("ATTNPREP_CHECK_SLOTS", "0") not in ("", "0")
 _lib = torch.library.Library("attnprep", "DEF")
 
 _ROPE_ARGS = (
-    "Tensor v, Tensor? positions, Tensor slots, Tensor(c!) k_pool, Tensor(d!) v_pool, int head_dim, "
+    "Tensor? v, Tensor? positions, Tensor? slots, Tensor(c!)? k_pool, Tensor(d!)? v_pool, int head_dim, "
     "int num_qo_heads, int num_kv_heads, float rope_base, int? rotary_dim, bool is_neox, "
     "Tensor? cos_sin_cache, Tensor? k_scale, Tensor? v_scale, str kv_layout, Tensor? q_norm_weight, "
     "Tensor? k_norm_weight, float norm_eps, float norm_weight_offset, int[]? mrope_section, "
@@ -48,18 +48,20 @@ _lib.define(f"rope_pool_fused_inplace(Tensor(a!) q, Tensor(b!) k, {_ROPE_ARGS}) 
 _ANY = "CompositeExplicitAutograd"
 
 
-def pool_slots(k_pool: Tensor, kv_layout: str) -> int:
-    """Slots of a checked pool: [slots, H, D], or pages x page_size of a paged one."""
+def pool_slots(k_pool: Optional[Tensor], kv_layout: str) -> int:
+    """Slots of a checked pool: [slots, H, D], or pages x page_size of a paged one (none without a pool)."""
+    if k_pool is None:
+        return 0
     if k_pool.dim() == 3:
         return k_pool.shape[0]
     return k_pool.shape[0] * (k_pool.shape[1] if kv_layout == "NHD" else k_pool.shape[2])
 
 
 def check_slots_on_host(
-    slots: Tensor, pool_size: int, positions: Optional[Tensor], cos_sin_cache: Optional[Tensor]
+    slots: Optional[Tensor], pool_size: int, positions: Optional[Tensor], cos_sin_cache: Optional[Tensor]
 ) -> None:
     """``check_slots``: one device-to-host copy of the extremes (its documented cost)."""
-    if slots.numel() and int(slots.max()) >= pool_size:
+    if slots is not None and slots.numel() and int(slots.max()) >= pool_size:
         raise ValueError("slots must be < pool_size")
     if cos_sin_cache is not None and positions is not None and positions.numel():
         lo, hi = int(positions.min()), int(positions.max())
@@ -96,11 +98,11 @@ class RopeArgs(NamedTuple):
 
     q: Tensor
     k: Tensor
-    v: Tensor
+    v: Optional[Tensor]
     positions: Optional[Tensor]
-    slots: Tensor
-    k_pool: Tensor
-    v_pool: Tensor
+    slots: Optional[Tensor]
+    k_pool: Optional[Tensor]
+    v_pool: Optional[Tensor]
     head_dim: int
     num_qo_heads: int
     num_kv_heads: int

@@ -44,7 +44,9 @@ def rope_pool_fused(*args):
     q_rot = q if inplace else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_rot = k if inplace else torch.empty(k.shape, dtype=k.dtype, device=k.device)
     params, groups, threads = _C.rope_pool_metal_plan(*args, q_rot, k_rot)
-    positions = a.positions if a.positions is not None else a.slots  # unread without positions (positions_kind 2)
+    # an absent tensor is never read (positions_kind 2; no pool: pool_size 0, no v items): any buffer fills its slot
+    positions = a.positions if a.positions is not None else q
+    slots, v, k_pool, v_pool = (q, q, q_rot, q_rot) if a.slots is None else (a.slots, a.v, a.k_pool, a.v_pool)
     if groups:
         block = torch.frombuffer(bytearray(params), dtype=torch.uint8).to(q.device)
         # without a table the kernel never reads it; any buffer fills the slot
@@ -56,13 +58,13 @@ def rope_pool_fused(*args):
         kernel(
             q,
             k,
-            a.v,
+            v,
             q_rot,
             k_rot,
-            a.k_pool,
-            a.v_pool,
+            k_pool,
+            v_pool,
             positions,
-            a.slots,
+            slots,
             cache,
             cache,
             block,

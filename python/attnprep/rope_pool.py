@@ -16,11 +16,11 @@ _OP = "rope_pool_fused"
 def rope_pool_fused(
     q: Tensor,
     k: Tensor,
-    v: Tensor,
+    v: Optional[Tensor],
     positions: Optional[Tensor],
-    slots: Tensor,
-    k_pool: Tensor,
-    v_pool: Tensor,
+    slots: Optional[Tensor],
+    k_pool: Optional[Tensor],
+    v_pool: Optional[Tensor],
     *,
     head_dim: int,
     num_qo_heads: int,
@@ -54,7 +54,9 @@ def rope_pool_fused(
         ``[T, num_qo_heads, head_dim]``, float16, bfloat16 or float32; any
         row and head strides, a unit-stride last dimension.
     k, v : torch.Tensor
-        ``[T, num_kv_heads, head_dim]``, q's dtype and device.
+        ``[T, num_kv_heads, head_dim]``, q's dtype and device. ``v``,
+        ``slots`` and the pools may all be None: RoPE (and the QK norm) of
+        q and k alone, no cache write (what :func:`qk_norm_rope` does).
     positions : torch.Tensor or None
         ``[T]``, int32 or int64, any stride: each token's position (its row
         of ``cos_sin_cache``). ``[3, T]`` with ``mrope_section``: M-RoPE's
@@ -198,7 +200,7 @@ def _read_args(a: _ops.RopeArgs, inplace, check_slots=None) -> Tuple[_ops.RopeAr
     turn, for the calls that go through torch's dispatcher (``_dispatch``:
     its schema would see the raw values first). ``check_slots`` (None or a
     bool, read here in its turn; the caller resolves None) is not returned."""
-    optional = ("positions",)
+    optional = ("v", "positions", "slots", "k_pool", "v_pool")
     names = ("q", "k", "v", "positions", "slots", "k_pool", "v_pool")
     tensors = {n: tensor_arg(getattr(a, n), n, optional=n in optional) for n in names}
     ints = {n: int_arg(getattr(a, n), _OP, n) for n in ("head_dim", "num_qo_heads", "num_kv_heads")}

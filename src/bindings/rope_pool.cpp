@@ -79,21 +79,19 @@ Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb
                      nb::handle k_pool, nb::handle v_pool, const Scalars& sc, nb::handle cos_sin_cache,
                      const KvFormat& kv, const QkNorm& nm, const MRope& mr) {
   Imported in;
+  core::RopePoolArgs& a = in.args;
   in.q = import(q, "q");
   in.k = import(k, "k");
-  in.v = import(v, "v");
-  const bool has_positions = import_optional(import, positions, "positions", in.positions, in.args.positions);
-  in.slots = import(slots, "slots");
-  in.k_pool = import(k_pool, "k_pool");
-  in.v_pool = import(v_pool, "v_pool");
-  core::RopePoolArgs& a = in.args;
+  const bool has_v = import_optional(import, v, "v", in.v, a.v);
+  const bool has_positions = import_optional(import, positions, "positions", in.positions, a.positions);
+  const bool has_slots = import_optional(import, slots, "slots", in.slots, a.slots);
+  const bool has_k_pool = import_optional(import, k_pool, "k_pool", in.k_pool, a.k_pool);
+  const bool has_v_pool = import_optional(import, v_pool, "v_pool", in.v_pool, a.v_pool);
+  core::check_cache_write_given(has_v, has_slots, has_k_pool, has_v_pool);
+  a.has_pool = has_v;
   a.q = in.q.arg;
   a.k = in.k.arg;
-  a.v = in.v.arg;
   a.has_positions = has_positions;
-  a.slots = in.slots.arg;
-  a.k_pool = in.k_pool.arg;
-  a.v_pool = in.v_pool.arg;
   a.head_dim = int_arg(sc.head_dim, kOp, "head_dim");
   a.num_qo_heads = int_arg(sc.num_qo_heads, kOp, "num_qo_heads");
   a.num_kv_heads = int_arg(sc.num_kv_heads, kOp, "num_kv_heads");
@@ -154,19 +152,19 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
     qo = nq.arg;
     ko = nk.arg;
   }
-  nb::object result = nb::make_tuple(q_rot, k_rot, nb::borrow(k_pool), nb::borrow(v_pool));
+  nb::object result = nb::make_tuple(q_rot, k_rot, nb::borrow(k_pool), nb::borrow(v_pool));  // None without pools
   if (a.q.size(0) == 0) return result;
   const RopePoolParams params = core::make_rope_pool_params(a, qo, ko);
 #if ATTNPREP_WITH_CUDA
   const cuda::RopePoolPointers ptrs{a.q.data,
                                     a.k.data,
-                                    a.v.data,
+                                    a.has_pool ? a.v.data : nullptr,
                                     qo.data,
                                     ko.data,
-                                    a.k_pool.data,
-                                    a.v_pool.data,
-                                    a.positions.data,
-                                    a.slots.data,
+                                    a.has_pool ? a.k_pool.data : nullptr,
+                                    a.has_pool ? a.v_pool.data : nullptr,
+                                    a.has_positions ? a.positions.data : nullptr,
+                                    a.has_pool ? a.slots.data : nullptr,
                                     a.has_cache ? a.cos_sin_cache.data : nullptr,
                                     a.has_k_scale ? static_cast<const float*>(a.k_scale.data) : nullptr,
                                     a.has_v_scale ? static_cast<const float*>(a.v_scale.data) : nullptr,

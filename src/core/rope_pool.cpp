@@ -42,19 +42,26 @@ PoolGeometry pool_geometry(const TensorArg& pool, KvLayout layout) {
 
 int32_t pool_fp8_kind(DType d) { return d == DType::Float8E4M3FN ? 1 : d == DType::Float8E5M2 ? 2 : 0; }
 
+void check_cache_write_given(bool v, bool slots, bool k_pool, bool v_pool) {
+  require(v == slots && v == k_pool && v == v_pool,
+          "v, slots, k_pool and v_pool must be given together or all be None");
+}
+
 void check_rope_pool(const RopePoolArgs& a) {
   const TensorArg &q = a.q, &k = a.k, &v = a.v;
+  // Without pools (has_pool false) v, slots and the pools are absent: every part of a check about them passes.
+  const bool pool = a.has_pool;
   // Checks 1-11 of docs/contract.md: the original op's, in its order.
   const auto qkv_shapes = [&] { return shape_note({{"q", &q}, {"k", &k}, {"v", &v}}); };
   const auto pool_shapes = [&] { return shape_note({{"k_pool", &a.k_pool}, {"v_pool", &a.v_pool}}); };
-  require(q.ndim == 3 && k.ndim == 3 && v.ndim == 3, "rope_pool_fused expects q/k/v to be 3-D", qkv_shapes);
+  require(q.ndim == 3 && k.ndim == 3 && (!pool || v.ndim == 3), "rope_pool_fused expects q/k/v to be 3-D", qkv_shapes);
   // M-RoPE positions ([3, T]) are checked by their own check, after the others.
   const bool positions_1d = a.has_positions && !a.has_mrope_section;
-  require((!positions_1d || a.positions.ndim == 1) && a.slots.ndim == 1,
+  require((!positions_1d || a.positions.ndim == 1) && (!pool || a.slots.ndim == 1),
           "rope_pool_fused expects positions/slots to be 1-D",
           [&] { return shape_note({{"positions", &a.positions}, {"slots", &a.slots}}); });
   // 4-D pools are paged (docs/contract.md); the documented text is the original op's
-  require((a.k_pool.ndim == 3 || a.k_pool.ndim == 4) && (a.v_pool.ndim == 3 || a.v_pool.ndim == 4),
+  require(!pool || ((a.k_pool.ndim == 3 || a.k_pool.ndim == 4) && (a.v_pool.ndim == 3 || a.v_pool.ndim == 4)),
           "rope_pool_fused expects pool tensors to be 3-D", pool_shapes);
   const int64_t T = q.size(0);
   // "expected [T, heads, head_dim], got torch.Size([...])"
@@ -68,14 +75,14 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (!k.has_shape({T, a.num_kv_heads, a.head_dim}))
     throw ValueError("k shape must be [num_tokens, num_kv_heads, head_dim], got " + shape_str(k),
                      expected(a.num_kv_heads, k));
-  if (!v.same_shape(k))
+  if (pool && !v.same_shape(k))
     throw ValueError("v shape must match k shape, got " + shape_str(v) + " vs " + shape_str(k), qkv_shapes());
-  require((!positions_1d || a.positions.size(0) == T) && a.slots.size(0) == T,
+  require((!positions_1d || a.positions.size(0) == T) && (!pool || a.slots.size(0) == T),
           "positions/slots must have one entry per token", [&] {
             return "num_tokens: " + std::to_string(T) + ", " +
                    shape_note({{"positions", &a.positions}, {"slots", &a.slots}});
           });
-  if (pool_heads(a.k_pool, a.kv_layout) != a.num_kv_heads || a.k_pool.size(-1) != a.head_dim) {
+  if (pool && (pool_heads(a.k_pool, a.kv_layout) != a.num_kv_heads || a.k_pool.size(-1) != a.head_dim)) {
     const std::string hd = std::to_string(a.num_kv_heads) + ", " + std::to_string(a.head_dim);
     const std::string paged = a.kv_layout == KvLayout::NHD ? "[pages, page_size, " + hd + "]"
                                                            : "[pages, " + std::to_string(a.num_kv_heads) +
@@ -83,23 +90,25 @@ void check_rope_pool(const RopePoolArgs& a) {
     throw ValueError("k_pool has incompatible shape " + shape_str(a.k_pool),
                      "expected [slots, " + hd + "] or " + paged + ", got " + shape_str(a.k_pool));
   }
-  if (!a.v_pool.same_shape(a.k_pool))
+  if (pool && !a.v_pool.same_shape(a.k_pool))
     throw ValueError("v_pool shape must match k_pool shape, got " + shape_str(a.v_pool) + " vs " + shape_str(a.k_pool),
                      pool_shapes());
-  require(q.dtype == k.dtype && q.dtype == v.dtype, "q/k/v dtypes must match",
+  require(q.dtype == k.dtype && (!pool || q.dtype == v.dtype), "q/k/v dtypes must match",
           [&] { return dtype_device_note({{"q", &q}, {"k", &k}, {"v", &v}}); });
   // fp8 pools (with their scales) are this library's addition to check 11
-  require((a.k_pool.dtype == q.dtype || is_fp8(a.k_pool.dtype)) && a.v_pool.dtype == a.k_pool.dtype,
+  require(!pool || ((a.k_pool.dtype == q.dtype || is_fp8(a.k_pool.dtype)) && a.v_pool.dtype == a.k_pool.dtype),
           "pool dtypes must match q/k/v dtype",
           [&] { return dtype_device_note({{"q", &q}, {"k_pool", &a.k_pool}, {"v_pool", &a.v_pool}}); });
 
   // Checks 12 on: this library's own.
   // every tensor given, with its name, for the device check and its note
-  std::vector<std::pair<const char*, const TensorArg*>> given = {{"q", &q}, {"k", &k}, {"v", &v}};
+  std::vector<std::pair<const char*, const TensorArg*>> given = {{"q", &q}, {"k", &k}};
+  if (pool) given.push_back({"v", &v});
   if (a.has_positions) given.push_back({"positions", &a.positions});
-  for (const auto& named :
-       {std::pair<const char*, const TensorArg*>{"slots", &a.slots}, {"k_pool", &a.k_pool}, {"v_pool", &a.v_pool}})
-    given.push_back(named);
+  if (pool)
+    for (const auto& named :
+         {std::pair<const char*, const TensorArg*>{"slots", &a.slots}, {"k_pool", &a.k_pool}, {"v_pool", &a.v_pool}})
+      given.push_back(named);
   if (a.has_cache) given.push_back({"cos_sin_cache", &a.cos_sin_cache});
   if (a.has_k_scale) given.push_back({"k_scale", &a.k_scale});
   if (a.has_v_scale) given.push_back({"v_scale", &a.v_scale});
@@ -121,10 +130,11 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (rot % 2 != 0 || rot <= 0 || rot > a.head_dim)
     throw ValueError("rope_pool_fused expects an even rotary_dim in [2, head_dim], got " + std::to_string(rot));
   const auto is_index = [](DType d) { return d == DType::Int32 || d == DType::Int64; };
-  require((!a.has_positions || is_index(a.positions.dtype)) && is_index(a.slots.dtype),
+  require((!a.has_positions || is_index(a.positions.dtype)) && (!pool || is_index(a.slots.dtype)),
           "rope_pool_fused expects int32 or int64 positions/slots");
   for (const TensorArg* t : {&q, &k, &v, &a.k_pool, &a.v_pool})
-    require(t->stride(-1) == 1, "rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim");
+    require((!pool && t != &q && t != &k) || t->stride(-1) == 1,
+            "rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim");
   if (a.has_cache) {
     const TensorArg& c = a.cos_sin_cache;
     if (c.ndim != 2 || c.size(1) != rot)
@@ -142,7 +152,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (heads > kRopeMaxHeads)
     throw ValueError("rope_pool_fused supports num_qo_heads + num_kv_heads <= 65536, got " + std::to_string(heads));
   if (T > kRopeMaxTokens) throw ValueError("rope_pool_fused supports fewer than 2^31 tokens, got " + std::to_string(T));
-  if (a.k_pool.ndim == 4) {
+  if (pool && a.k_pool.ndim == 4) {
     // an HND pool with no heads can have pages * page_size past int64
     const int64_t pages = a.k_pool.size(0), page_size = pool_page_size(a.k_pool, a.kv_layout);
     if (page_size > 0 && pages > kRopeMaxPagedSlots / page_size)
@@ -151,15 +161,20 @@ void check_rope_pool(const RopePoolArgs& a) {
   }
 
   // What the kernel writes must not race with itself or with what it reads.
-  const TensorArg* reads[8] = {&q, &k, &v, &a.slots};
-  int nreads = 4;
+  const TensorArg* reads[8] = {&q, &k};
+  int nreads = 2;
+  if (pool) {
+    reads[nreads++] = &v;
+    reads[nreads++] = &a.slots;
+  }
   if (a.has_positions) reads[nreads++] = &a.positions;
   if (a.has_cache) reads[nreads++] = &a.cos_sin_cache;
   if (a.has_k_scale) reads[nreads++] = &a.k_scale;
   if (a.has_v_scale) reads[nreads++] = &a.v_scale;
-  require(!has_internal_overlap(a.k_pool) && !has_internal_overlap(a.v_pool) && !may_overlap(a.k_pool, a.v_pool),
-          "k_pool and v_pool must not overlap each other or themselves");
-  for (int i = 0; i < nreads; ++i)
+  require(
+      !pool || (!has_internal_overlap(a.k_pool) && !has_internal_overlap(a.v_pool) && !may_overlap(a.k_pool, a.v_pool)),
+      "k_pool and v_pool must not overlap each other or themselves");
+  for (int i = 0; pool && i < nreads; ++i)
     require(!may_overlap(a.k_pool, *reads[i]) && !may_overlap(a.v_pool, *reads[i]),
             "k_pool and v_pool must not overlap q, k, v, positions, slots, cos_sin_cache or the scales");
   if (a.inplace) {
@@ -171,11 +186,11 @@ void check_rope_pool(const RopePoolArgs& a) {
   }
 
   // fp8 pools and their scales.
-  const bool fp8 = is_fp8(a.k_pool.dtype);
+  const bool fp8 = pool && is_fp8(a.k_pool.dtype);
   require(!fp8 || (a.has_k_scale && a.has_v_scale), "fp8 pools need k_scale and v_scale");
   if (!fp8 && (a.has_k_scale || a.has_v_scale))
-    throw ValueError(std::string("k_scale and v_scale apply to fp8 pools only, got ") + dtype_name(a.k_pool.dtype) +
-                     " pools");
+    throw ValueError(std::string("k_scale and v_scale apply to fp8 pools only, got ") +
+                     (pool ? dtype_name(a.k_pool.dtype) : "no") + " pools");
   for (const TensorArg* sc : {&a.k_scale, &a.v_scale}) {
     if (!fp8) continue;  // no scales to check
     if (sc->dtype != DType::Float32)
@@ -211,7 +226,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (!std::isfinite(static_cast<float>(a.norm_offset)))
     throw ValueError("norm_weight_offset must be finite, got " + number_str(a.norm_offset));
   for (int i = 0; i < nweights; ++i) {
-    bool ok = !may_overlap(a.k_pool, *weights[i]) && !may_overlap(a.v_pool, *weights[i]);
+    bool ok = !pool || (!may_overlap(a.k_pool, *weights[i]) && !may_overlap(a.v_pool, *weights[i]));
     if (a.inplace) ok = ok && !may_overlap(q, *weights[i]) && !may_overlap(k, *weights[i]);
     require(ok, "k_pool and v_pool (and q and k with inplace=True) must not overlap q_norm_weight or k_norm_weight");
   }
@@ -255,15 +270,18 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
                                      int vector_bytes) {
   RopePoolParams p{};
   p.num_tokens = a.q.size(0);
-  const PoolGeometry kg = pool_geometry(a.k_pool, a.kv_layout), vg = pool_geometry(a.v_pool, a.kv_layout);
+  // without pools: no slots, nothing read from v (a pool of no slots, no v items)
+  const PoolGeometry none{0, 1, 0, 0, 0};
+  const PoolGeometry kg = a.has_pool ? pool_geometry(a.k_pool, a.kv_layout) : none;
+  const PoolGeometry vg = a.has_pool ? pool_geometry(a.v_pool, a.kv_layout) : none;
   p.pool_size = kg.slots;
   p.page_size = kg.page_size;
   p.q_stride_token = a.q.stride(0);
   p.q_stride_head = a.q.stride(1);
   p.k_stride_token = a.k.stride(0);
   p.k_stride_head = a.k.stride(1);
-  p.v_stride_token = a.v.stride(0);
-  p.v_stride_head = a.v.stride(1);
+  p.v_stride_token = a.has_pool ? a.v.stride(0) : 0;
+  p.v_stride_head = a.has_pool ? a.v.stride(1) : 0;
   p.qo_stride_token = q_rot.stride(0);
   p.qo_stride_head = q_rot.stride(1);
   p.ko_stride_token = k_rot.stride(0);
@@ -274,7 +292,7 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   p.vp_stride_page = vg.stride_page;
   p.vp_stride_offset = vg.stride_offset;
   p.vp_stride_head = vg.stride_head;
-  p.pool_fp8 = pool_fp8_kind(a.k_pool.dtype);
+  p.pool_fp8 = a.has_pool ? pool_fp8_kind(a.k_pool.dtype) : 0;
   p.k_scale_per_head = a.has_k_scale && a.k_scale.ndim == 1 && a.k_scale.size(0) > 1 ? 1 : 0;
   p.v_scale_per_head = a.has_v_scale && a.v_scale.ndim == 1 && a.v_scale.size(0) > 1 ? 1 : 0;
   p.norm_q = a.has_q_norm ? 1 : 0;
@@ -294,7 +312,7 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
     p.pos_stride_axis = a.has_mrope_section ? a.positions.stride(0) : 0;
   }
   p.slots_int64 = a.slots.dtype == DType::Int64 ? 1 : 0;
-  p.slots_stride = a.slots.stride(0);
+  p.slots_stride = a.has_pool ? a.slots.stride(0) : 0;
   if (a.has_mrope_section) {
     p.mrope = a.mrope_interleaved ? 2 : 1;
     for (int j = 0; j < 3; ++j) p.mrope_section[j] = static_cast<ap_i32>(a.mrope_section[static_cast<size_t>(j)]);
@@ -334,8 +352,11 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
       if (t.byte_stride(d) % bytes != 0) return false;
     return true;
   };
-  for (const TensorArg* t : {&a.q, &a.k, &a.v, &q_rot, &k_rot}) vec = vec && aligned(*t, vector_bytes);
-  for (const TensorArg* t : {&a.k_pool, &a.v_pool}) vec = vec && aligned(*t, w * t->itemsize);
+  for (const TensorArg* t : {&a.q, &a.k, &q_rot, &k_rot}) vec = vec && aligned(*t, vector_bytes);
+  if (a.has_pool) {
+    vec = vec && aligned(a.v, vector_bytes);
+    for (const TensorArg* t : {&a.k_pool, &a.v_pool}) vec = vec && aligned(*t, w * t->itemsize);
+  }
   p.width = static_cast<ap_i32>(vec ? w : 1);
   // Items of a q/k head: rotated groups (NeoX: `width` pairs from the two
   // halves; GPT-J: width/2 adjacent pairs, at least one) + passed-through groups.
@@ -347,7 +368,7 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   p.norm_lanes = split.lanes;
   p.norm_per_lane = split.per_lane;
   const int64_t v_groups = a.head_dim / p.width;
-  p.v_items_per_head = static_cast<ap_i32>(v_groups % 2 == 0 ? v_groups / 2 : v_groups);
+  p.v_items_per_head = !a.has_pool ? 0 : static_cast<ap_i32>(v_groups % 2 == 0 ? v_groups / 2 : v_groups);
   return p;
 }
 

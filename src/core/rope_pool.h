@@ -24,6 +24,7 @@ KvLayout parse_kv_layout(const std::string& name);
 struct RopePoolArgs {
   TensorArg q, k, v, positions, slots, k_pool, v_pool;
   bool has_positions = true;  // false: token t's position is t (per-token cos_sin_cache rows)
+  bool has_pool = true;       // false: no v, slots or pools (q_rot and k_rot only: qk_norm_rope)
   bool has_cache = false;
   TensorArg cos_sin_cache;  // [max_position, rotary_dim], float32 or bfloat16
   bool has_k_scale = false, has_v_scale = false;
@@ -57,6 +58,10 @@ struct RopePoolArgs {
 constexpr int64_t kRopeMaxHeads = 65536;  // num_qo_heads + num_kv_heads
 constexpr int64_t kRopeMaxTokens = (int64_t{1} << 31) - 1;
 constexpr int64_t kRopeMaxPagedSlots = (int64_t{1} << 32) - 1;  // slot -> page is a 32-bit division
+
+// The cache write whole or not at all: v, slots, k_pool and v_pool all given or all None (qk_norm_rope passes
+// none), checked as the arguments are read, before check 1; throws ValueError.
+void check_cache_write_given(bool v, bool slots, bool k_pool, bool v_pool);
 
 // All checks, in the documented order; throws ValueError.
 void check_rope_pool(const RopePoolArgs& a);
@@ -138,7 +143,8 @@ inline bool rope_norm_in_rotation_kernel(const RopePoolParams& p) {
 // the whole head rotated, `vector` elements per access, and v items of two
 // groups half a head apart (core::make_rope_pool_params).
 inline bool rope_neox_full(const RopePoolParams& p, int32_t vector) {
-  return p.is_neox && p.rotary_dim == p.head_dim && p.width == vector && 2 * p.v_items_per_head * vector == p.head_dim;
+  return p.is_neox && p.rotary_dim == p.head_dim && p.width == vector &&
+         (p.v_items_per_head == 0 || 2 * p.v_items_per_head * vector == p.head_dim);
 }
 
 // The items of a token each of its `splits` blocks serves: an even share, rounded up to whole heads of `lanes`
@@ -167,7 +173,7 @@ struct RopeCudaIndex {
 inline RopeCudaIndex plan_rope_cuda_index(const RopePoolParams& p, int64_t splits, int lanes) {
   RopeCudaIndex ix;
   ix.qk_items = FastDivmod(static_cast<uint32_t>(p.qk_items_per_head));
-  ix.v_items = FastDivmod(static_cast<uint32_t>(p.v_items_per_head));
+  ix.v_items = FastDivmod(static_cast<uint32_t>(p.v_items_per_head > 0 ? p.v_items_per_head : 1));
   // A pool of no slots (pages of none, or no pages of any size) divides no
   // slot; otherwise page_size <= pool_size < 2^32.
   ix.page = FastDivmod(static_cast<uint32_t>(p.pool_size > 0 ? p.page_size : 1));
@@ -206,10 +212,13 @@ ATTNPREP_HD RopeTailSlice rope_tail_slice(const RopeCudaIndex& ix, uint32_t bloc
   return {ix.whole_tokens + q, static_cast<int>(ix.tail.divisor - 1u - (b - q * ix.tail.divisor)) * share, share};
 }
 
-// Work of one token in the QK-norm kernel: q heads, k heads, then v heads,
-// each served by `lanes` lanes.
+// Heads of one token in the QK-norm kernel: q heads, k heads, then v heads (none without pools), each served by
+// `lanes` lanes.
+ATTNPREP_HD int rope_norm_heads_per_token(const RopePoolParams& p) {
+  return p.num_qo_heads + p.num_kv_heads + (p.v_items_per_head > 0 ? p.num_kv_heads : 0);
+}
 inline int64_t rope_norm_lanes_per_token(const RopePoolParams& p) {
-  return static_cast<int64_t>(p.num_qo_heads + 2 * p.num_kv_heads) * p.norm_lanes;
+  return static_cast<int64_t>(rope_norm_heads_per_token(p)) * p.norm_lanes;
 }
 
 // How the CUDA kernel is launched: a block per token (or slice), the fewest whole warps covering its items in the

@@ -108,7 +108,7 @@ RopePoolReference rope_pool_reference(const core::RopePoolArgs& a) {
   r.q_in.resize(r.q_rot.size());
   r.k_in.resize(r.k_rot.size());
   r.pos_ok.assign(static_cast<size_t>(T), true);
-  const int64_t slots = core::pool_geometry(a.k_pool, a.kv_layout).slots;
+  const int64_t slots = a.has_pool ? core::pool_geometry(a.k_pool, a.kv_layout).slots : 0;
   r.pool_writer.assign(static_cast<size_t>(slots), -1);
   const std::vector<float> inv_freq = core::rope_inv_freq(a.rope_base, rot);
   std::vector<double> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
@@ -159,7 +159,7 @@ RopePoolReference rope_pool_reference(const core::RopePoolArgs& a) {
     };
     rotate(a.q, hq, a.has_q_norm, a.q_norm_weight, r.q_rot, r.q_in);
     rotate(a.k, hkv, a.has_k_norm, a.k_norm_weight, r.k_rot, r.k_in);
-    const int64_t slot = read_index(a.slots, t);
+    const int64_t slot = a.has_pool ? read_index(a.slots, t) : -1;
     if (ok && slot >= 0 && slot < slots) r.pool_writer[static_cast<size_t>(slot)] = t;
   }
   return r;

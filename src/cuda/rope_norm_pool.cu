@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kThreads, Policy::general_norm_min_blocks_per_
   const int64_t t = blockIdx.x;
   const int half = p.rotary_dim / 2;
   const int D = p.head_dim, G = p.norm_lanes, R = p.norm_per_lane;
-  const int n_tasks = p.num_qo_heads + 2 * p.num_kv_heads;
+  const int n_tasks = core::rope_norm_heads_per_token(p);
   const int per_block = (n_tasks + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
   const int begin = static_cast<int>(blockIdx.y) * per_block;
   const int end = min(n_tasks, begin + per_block);

@@ -25,7 +25,7 @@ __device__ __forceinline__ TokenPlace read_token_place(const RopePoolParams& p, 
                                                        int64_t t) {
   TokenPlace tp;
   tp.pos = p.positions_kind == 2 ? t : read_index(ptr.positions, t * p.pos_stride_token, p.positions_kind);
-  tp.slot = read_index(ptr.slots, t * p.slots_stride, p.slots_int64);
+  tp.slot = p.pool_size > 0 ? read_index(ptr.slots, t * p.slots_stride, p.slots_int64) : -1;  // no pools: no slots
   tp.pos_lo = tp.pos_hi = tp.pos;
   if (p.mrope) {
     for (int axis = 1; axis < 3; ++axis) {

@@ -382,6 +382,32 @@ TEST_CASE("M-RoPE: checks 41-43 after every earlier one, the axis of each freque
   CHECK_EQ(one.cache_vector, 1);
 }
 
+TEST_CASE("no cache write: v, slots and pools absent together, no v items, every other check as before") {
+  check_cache_write_given(true, true, true, true);
+  check_cache_write_given(false, false, false, false);
+  CHECK_THROWS_MSG(ValueError, check_cache_write_given(true, false, true, true),
+                   "v, slots, k_pool and v_pool must be given together or all be None");
+  RopePoolArgs a = args();
+  a.has_pool = false;
+  a.v = a.slots = a.k_pool = a.v_pool = TensorArg{};
+  check_rope_pool(a);
+  const RopePoolParams p = make_rope_pool_params(a, a.q, a.k);
+  CHECK_EQ(p.pool_size, 0);
+  CHECK_EQ(p.v_items_per_head, 0);
+  CHECK_EQ(p.width, 8);
+  CHECK_EQ(rope_items_per_token(p), int64_t{10 * p.qk_items_per_head});
+  CHECK_EQ(rope_norm_heads_per_token(p), 10);
+  CHECK(rope_neox_full(p, 8));
+  RopePoolArgs scaled = a;
+  scaled.has_k_scale = scaled.has_v_scale = true;
+  scaled.k_scale = scaled.v_scale = make({}, DType::Float32, cuda0);
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(scaled), "k_scale and v_scale apply to fp8 pools only, got no pools");
+  RopePoolArgs shapes = a;
+  shapes.k = make({4, 2, 32});
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(shapes),
+                   "k shape must be [num_tokens, num_kv_heads, head_dim], got torch.Size([4, 2, 32])");
+}
+
 TEST_CASE("QK norm split: lanes x elements = head_dim padded to a power of two") {
   CHECK_EQ(plan_rope_norm_split(128, 8).lanes, 8);  // bf16: two 16-byte groups per lane
   CHECK_EQ(plan_rope_norm_split(128, 8).per_lane, 16);

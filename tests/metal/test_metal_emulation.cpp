@@ -82,6 +82,7 @@ struct Case {
   bool token_rows = false;     // positions=None: token t reads row t of a cache of T rows
   int mrope = 0;               // M-RoPE positions [3, T]: 1 sections, 2 interleaved
   bool strided_index = false;  // positions and slots every other entry of a larger buffer
+  bool no_pool = false;        // no v, slots or pools (qk_norm_rope): the pool buffers must stay untouched
   int64_t page_size = 0;       // 0: a flat pool; else paged, `pool` slots in pages of this many
   bool hnd = false;            // paged layout: [pages, heads, page, D] instead of [pages, page, heads, D]
   bool empty_pages = false;    // paged, 3 pages of no slots (page_size 0): every slot is past the pool
@@ -178,6 +179,7 @@ void run_case(const Case& c, uint32_t seed) {
   a.slots = test::make({c.T}, DType::Int32, mps);
   a.slots.strides[0] = step;
   a.slots.data = slots.data();
+  a.has_pool = !c.no_pool;
   if (c.mrope) {
     const int64_t half = (c.rot < 0 ? c.D : c.rot) / 2, hw = 3 * half / 8;  // Qwen2-VL's 16/24/24 of 64, scaled
     a.has_mrope_section = true;
@@ -280,7 +282,7 @@ void run_case(const Case& c, uint32_t seed) {
   // pools: the rows the reference writes hold exactly this kernel's k_rot and v; all others untouched
   bool pools_ok = true;
   for (int64_t s = 0; s < c.pool; ++s) {
-    const int64_t tok = ref.pool_writer[static_cast<size_t>(s)];
+    const int64_t tok = c.no_pool ? -1 : ref.pool_writer[static_cast<size_t>(s)];
     for (int64_t h = 0; h < c.hkv; ++h)
       for (int64_t d = 0; d < c.D; ++d) {
         const int64_t off = pool_off(s, h, d);
@@ -381,6 +383,19 @@ TEST_CASE("emulated Metal kernel: M-RoPE (sections and interleaved), strided pos
       c.norm = cache ? 1 : 0;
       run_case<bfloat>(c, seed++);
     }
+}
+
+TEST_CASE("emulated Metal kernel: no cache write (qk_norm_rope), with the QK norm and M-RoPE") {
+  uint32_t seed = 190;
+  for (int norm : {0, 1}) {
+    Case c;
+    c.no_pool = true;
+    c.norm = norm;
+    c.mrope = norm ? 2 : 0;
+    c.cache = norm == 1;
+    c.dtype = DType::Float16;
+    run_case<half>(c, seed++);
+  }
 }
 
 TEST_CASE("emulated Metal kernel: paged pools, NHD and HND, pages of 1, 4 and 16 slots, padded pages") {

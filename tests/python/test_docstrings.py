@@ -15,6 +15,7 @@ PUBLIC = {
     "pack_qkv_destination_major": (attnprep.pack_qkv_destination_major, "cuda"),
     "usp_merge_heads": (attnprep.usp_merge_heads, "cuda"),
     "rope_pool_fused": (attnprep.rope_pool_fused, "cuda"),
+    "qk_norm_rope": (attnprep.qk_norm_rope, "cuda"),
     "rope_cos_sin_cache": (attnprep.rope_cos_sin_cache, "cpu"),
     "rope_kwargs_from_config": (attnprep.rope_kwargs_from_config, "cpu"),
     "rope_cos_sin_rows": (attnprep.rope_cos_sin_rows, "cpu"),

@@ -166,11 +166,15 @@ def test_documented_messages_in_order():
 def test_arguments_of_the_wrong_type_are_type_errors():
     a, kw = cpu_args()
     for name in ("q", "k", "v", "positions", "slots", "k_pool", "v_pool"):
-        for bad in (None, [1, 2]) if name != "positions" else ([1, 2],):  # positions=None: per-token cos/sin
+        for bad in (None, [1, 2]) if name in ("q", "k") else ([1, 2],):  # positions=None: per-token cos/sin
             args = dict(a, **{name: bad})
             with pytest.raises(TypeError) as e:
                 rope_pool_fused(*args.values(), **kw)
             assert str(e.value) == f"{name} must be a torch.Tensor, got {type(bad).__name__}"
+    for name in ("v", "slots", "k_pool", "v_pool"):  # the cache write whole (all None: none of it) or nothing
+        with pytest.raises(ValueError) as e:
+            rope_pool_fused(*dict(a, **{name: None}).values(), **kw)
+        assert str(e.value) == "v, slots, k_pool and v_pool must be given together or all be None"
     for name, bad, kind in [
         ("head_dim", "64", "an int"),
         ("num_qo_heads", 8.0, "an int"),

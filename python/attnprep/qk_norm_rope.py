@@ -1,0 +1,141 @@
+"""qk_norm_rope: the per-head QK norm and RoPE of q and k with no KV cache (diffusion transformers, encoders, the
+Ulysses send side), in one launch of rope_pool_fused's kernel."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from ._dispatch import tensor_arg
+from .rope_pool import rope_pool_fused
+
+Tensor = torch.Tensor
+_OP = "qk_norm_rope"
+
+
+def _tokens(x: Tensor) -> Optional[Tensor]:
+    """``[B, S, ...]`` as ``[B * S, ...]`` when a view can be (its batch stride S times its token stride), else None."""
+    if x.dim() < 2 or x.shape[0] == 1 or x.stride(0) == x.shape[1] * x.stride(1):
+        return x.flatten(0, 1)
+    return None
+
+
+def qk_norm_rope(
+    q: Tensor,
+    k: Tensor,
+    positions: Optional[Tensor] = None,
+    *,
+    cos_sin_cache: Optional[Tensor] = None,
+    rope_base: float = 10000.0,
+    rotary_dim: Optional[int] = None,
+    is_neox: bool = True,
+    q_norm_weight: Optional[Tensor] = None,
+    k_norm_weight: Optional[Tensor] = None,
+    norm_eps: float = 1e-6,
+    norm_weight_offset: float = 0.0,
+    inplace: bool = False,
+    mrope_section: Optional[Sequence[int]] = None,
+    mrope_interleaved: bool = False,
+) -> Tuple[Tensor, Tensor]:
+    """RoPE on q and k after an optional per-head RMSNorm, with no KV cache: :func:`rope_pool_fused` without
+    ``v``, slots or pools, for ``[T, heads, head_dim]`` or batched ``[B, S, heads, head_dim]`` tensors.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``[T, heads, head_dim]`` or ``[B, S, heads, head_dim]`` (the same leading dimensions, their own head
+        counts), any strides but a unit last one: slices of one fused projection work as they are.
+    positions : torch.Tensor, optional
+        ``[T]`` or ``[B, S]`` (``[3, T]`` or ``[3, B, S]`` with ``mrope_section``), int32 or int64. None:
+        per-token cos/sin, ``cos_sin_cache`` holding a row per token (``T`` or ``B * S`` rows), or ``S`` rows
+        that every batch item shares (a diffusion transformer's frequencies, e.g. from
+        :func:`rope_cos_sin_rows`).
+    cos_sin_cache, rope_base, rotary_dim, is_neox : optional
+        The rotation, as :func:`rope_pool_fused` takes it.
+    q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset : optional
+        The per-head QK norm, as :func:`rope_pool_fused` takes it.
+    mrope_section, mrope_interleaved : optional
+        M-RoPE, as :func:`rope_pool_fused` takes it.
+    inplace : bool
+        Write the results into ``q`` and ``k``.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(q_rot, k_rot)`` in q's and k's shapes (``q`` and ``k`` themselves with ``inplace``).
+
+    Raises
+    ------
+    ValueError
+        ``qk_norm_rope: ...`` for shapes that do not fit together (contract.md), then the messages of
+        :func:`rope_pool_fused` for the tensors as it receives them (``[B * S, heads, head_dim]``).
+
+    Examples
+    --------
+    >>> B, S, H, D = 2, 77, 4, 128
+    >>> qkv = torch.randn(B, S, 3 * H * D, device="cuda", dtype=torch.bfloat16)
+    >>> q, k, _ = (t.unflatten(-1, (H, D)) for t in qkv.split(H * D, dim=-1))
+    >>> angle = torch.arange(S, device="cuda")[:, None] * 1e4 ** -torch.linspace(0, 1, D // 2, device="cuda")
+    >>> rows = torch.cat([angle.cos(), angle.sin()], dim=1)  # a row per token, shared by the batch
+    >>> w = torch.ones(D, device="cuda")
+    >>> q_rot, k_rot = qk_norm_rope(q, k, cos_sin_cache=rows, q_norm_weight=w, k_norm_weight=w)
+    >>> q_rot.shape
+    torch.Size([2, 77, 4, 128])
+    """
+    q, k = tensor_arg(q, "q"), tensor_arg(k, "k")
+    if q.dim() not in (3, 4) or k.dim() != q.dim():
+        raise ValueError(
+            f"{_OP} expects q and k of [T, heads, head_dim] or [B, S, heads, head_dim], got {q.shape} and {k.shape}"
+        )
+    lead = q.shape[: q.dim() - 2]
+    if k.shape[: k.dim() - 2] != lead:
+        raise ValueError(f"{_OP} expects q and k with the same leading dimensions, got {q.shape} and {k.shape}")
+    mrope = mrope_section is not None
+    if positions is not None:
+        want = ((3,) if mrope else ()) + tuple(lead)
+        if not isinstance(positions, Tensor) or tuple(positions.shape) != want:
+            got = positions.shape if isinstance(positions, Tensor) else type(positions).__name__
+            raise ValueError(f"{_OP} expects positions of shape {list(want)}, got {got}")
+    kw = dict(
+        head_dim=q.shape[-1],
+        num_qo_heads=q.shape[-2],
+        num_kv_heads=k.shape[-2],
+        rope_base=rope_base,
+        rotary_dim=rotary_dim,
+        is_neox=is_neox,
+        cos_sin_cache=cos_sin_cache,
+        q_norm_weight=q_norm_weight,
+        k_norm_weight=k_norm_weight,
+        norm_eps=norm_eps,
+        norm_weight_offset=norm_weight_offset,
+        mrope_section=mrope_section,
+        mrope_interleaved=mrope_interleaved,
+    )
+    if q.dim() == 3:
+        q_rot, k_rot, _, _ = rope_pool_fused(q, k, None, positions, None, None, None, inplace=inplace, **kw)
+        return q_rot, k_rot
+    B, S = lead
+    rows_shared = positions is None and isinstance(cos_sin_cache, Tensor) and B > 1 and cos_sin_cache.shape[0] == S
+    if rows_shared:  # every batch item reads rows 0 ... S - 1
+        positions = torch.arange(S, device=q.device, dtype=torch.int32).repeat(B)
+    elif positions is not None:
+        positions = positions.flatten(-2, -1)
+    qt, kt = _tokens(q), _tokens(k)
+    if qt is not None and kt is not None:
+        q_rot, k_rot, _, _ = rope_pool_fused(qt, kt, None, positions, None, None, None, inplace=inplace, **kw)
+        return (q, k) if inplace else (q_rot.view(q.shape), k_rot.view(k.shape))
+    # a layout whose batch and tokens do not flatten (e.g. [B, heads, S, D] seen as [B, S, heads, D]): a launch
+    # per batch item
+    outs = []
+    for b in range(B):
+        at = None if positions is None else positions[..., b * S : (b + 1) * S]
+        table = cos_sin_cache
+        if positions is None and cos_sin_cache is not None and cos_sin_cache.shape[0] == B * S:
+            table = cos_sin_cache[b * S : (b + 1) * S]
+        outs.append(
+            rope_pool_fused(q[b], k[b], None, at, None, None, None, inplace=inplace, **dict(kw, cos_sin_cache=table))
+        )
+    if inplace:
+        return q, k
+    return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
