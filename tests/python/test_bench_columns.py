@@ -23,6 +23,7 @@ from attnprep.testing import merge_reference, mrope_cos_sin_rows, pack_reference
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
 import bench_pack_qkv  # noqa: E402
+import bench_qk_norm_rope  # noqa: E402
 import bench_rope_pool  # noqa: E402
 import bench_usp_merge_heads  # noqa: E402
 import peers  # noqa: E402
@@ -303,6 +304,31 @@ def test_rope_mrope_table(on_cpu, capsys, monkeypatch):
             numbers(row, []),
             [row[0], 8.0, 1e3, 300.0, 0.5, GRAPH_US, COPY_GRAPH_US, 4e3, GRAPH_US, 4.0, NAN, NAN, NAN],
         )
+
+
+def test_qk_norm_rope_table(on_cpu, capsys, monkeypatch):
+    for name in ("arange", "linspace"):
+        f = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, f=f, **kw: f(*a, **{k: v for k, v in kw.items() if k != "device"}))
+
+    def fake_qk_norm_rope(q, k, cos_sin_cache, is_neox, q_norm_weight, k_norm_weight):
+        half = cos_sin_cache.shape[1] // 2
+        cos, sin = (x.repeat_interleave(2, 1)[:, None] for x in (cos_sin_cache[:, :half], cos_sin_cache[:, half:]))
+        return bench_qk_norm_rope.diffusers_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin)
+
+    monkeypatch.setattr(attnprep, "qk_norm_rope", fake_qk_norm_rope)
+    monkeypatch.setattr(bench_qk_norm_rope, "SHAPES", [("a", 2, 6, 3), ("b", 1, 5, 2)])
+    bench_qk_norm_rope.run()
+    rows = table(capsys.readouterr().out, "qk_norm_rope")
+    # contenders: attnprep 1 ms, the copy 2, compiled 3, eager 4; graphs where S <= 256
+    for row, (_, B, S, H) in zip(rows, bench_qk_norm_rope.SHAPES):
+        nbytes = 2 * (2 * B * S * H * 128 * 2) + S * 128 * 4
+        close(
+            numbers(row, [f"{B} x {S}"]),
+            [row[0], f"{B} x {S}", float(H), 1e3, common.gbps(nbytes, 1.0), 200.0, GRAPH_US]
+            + [3e3, GRAPH_US, 3.0, 4e3],
+        )
+    assert len(rows) == 2
 
 
 def test_compiled_peers_at_their_best(monkeypatch):
