@@ -42,6 +42,7 @@ _lib.define("pack_qkv_destination_major_out(Tensor q, Tensor k, Tensor v, int wo
 _lib.define("usp_merge_heads(Tensor x) -> Tensor")
 _lib.define(f"rope_pool_fused(Tensor q, Tensor k, {_ROPE_ARGS}) -> (Tensor, Tensor)")
 _lib.define(f"rope_pool_fused_inplace(Tensor(a!) q, Tensor(b!) k, {_ROPE_ARGS}) -> ()")
+_lib.define("_qk_token_rms_norm(Tensor x, Tensor weight, float eps, float offset, Tensor(a!) out) -> ()")
 
 # One kernel for every device: the extension validates (a CPU tensor gets the
 # documented device message) and launches. MPS gets the Metal kernel below.
@@ -182,12 +183,21 @@ def _rope_inplace_fake(*args):
     _rope_check_fake(True, *args)
 
 
+def _token_norm(x, weight, eps, offset, out):
+    _C._qk_token_rms_norm(x, weight, eps, offset, out)
+
+
+def _token_norm_fake(x, weight, eps, offset, out):
+    _C._qk_token_rms_norm(x, weight, eps, offset, out, metadata_only=True)
+
+
 for _name, _kernel, _fake in [
     ("pack_qkv_destination_major", _pack, _pack_fake),
     ("pack_qkv_destination_major_out", _pack_out, _pack_out_fake),
     ("usp_merge_heads", _merge, _merge_fake),
     ("rope_pool_fused", _rope, _rope_fake),
     ("rope_pool_fused_inplace", _rope_inplace, _rope_inplace_fake),
+    ("_qk_token_rms_norm", _token_norm, _token_norm_fake),
 ]:
     _lib.impl(_name, _kernel, _ANY)
     torch.library.register_fake(f"attnprep::{_name}", _fake, lib=_lib)

@@ -1,5 +1,6 @@
-"""qk_norm_rope: the per-head QK norm and RoPE of q and k with no KV cache (diffusion transformers, encoders, the
-Ulysses send side), in one launch of rope_pool_fused's kernel."""
+"""qk_norm_rope: the QK norm and RoPE of q and k with no KV cache (diffusion transformers, encoders, the Ulysses
+send side): rope_pool_fused's kernel without the cache write, after a per-token norm's own kernel where the norm
+spans all of a token's heads."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from ._dispatch import tensor_arg
+from . import _C, _ops
+from ._dispatch import direct, tensor_arg
 from .rope_pool import rope_pool_fused
 
 Tensor = torch.Tensor
@@ -19,6 +21,50 @@ def _tokens(x: Tensor) -> Optional[Tensor]:
     if x.dim() < 2 or x.shape[0] == 1 or x.stride(0) == x.shape[1] * x.stride(1):
         return x.flatten(0, 1)
     return None
+
+
+def _per_token(weight, x: Tensor) -> bool:
+    """A norm weight of heads * head_dim (more than one head): the norm over all of a token's heads (Wan)."""
+    return (
+        isinstance(weight, Tensor)
+        and weight.dim() == 1
+        and x.shape[-2] > 1
+        and weight.shape[0] == x.shape[-2] * x.shape[-1]
+    )
+
+
+def _rotate(q: Tensor, k: Tensor, positions, inplace: bool, kw: dict) -> Tuple[Tensor, Tensor]:
+    """[T, H, D] q and k through rope_pool_fused without a cache; a per-token norm runs first, into the outputs
+    (after every check of both steps: nothing is written on an error), and the rotation then in place."""
+    per_q, per_k = _per_token(kw["q_norm_weight"], q), _per_token(kw["k_norm_weight"], k)
+    if not (per_q or per_k):
+        q_rot, k_rot, _, _ = rope_pool_fused(q, k, None, positions, None, None, None, inplace=inplace, **kw)
+        return q_rot, k_rot
+    head_kw = dict(kw)
+    if per_q:
+        head_kw["q_norm_weight"] = None
+    if per_k:
+        head_kw["k_norm_weight"] = None
+    eps, offset = kw["norm_eps"], kw["norm_weight_offset"]
+    if not torch.compiler.is_compiling():  # a traced call meets the same checks in the ops' fake kernels
+        metadata_only = not direct(q, k)
+        args = _ops.RopeArgs(
+            q, k, None, positions, None, None, None, k_scale=None, v_scale=None, kv_layout="NHD", **head_kw
+        )
+        _C.rope_pool_check(*args.for_extension(True), metadata_only=metadata_only)
+        for per, x, w in ((per_q, q, kw["q_norm_weight"]), (per_k, k, kw["k_norm_weight"])):
+            if per:
+                _C._qk_token_rms_norm(x, w, eps, offset, x, metadata_only=True)
+    outs = []
+    for per, x, w in ((per_q, q, kw["q_norm_weight"]), (per_k, k, kw["k_norm_weight"])):
+        out = x if inplace else torch.empty_like(x)
+        if per:
+            torch.ops.attnprep._qk_token_rms_norm(x, w, eps, offset, out)
+        elif not inplace:  # rotated in place below, with its per-head norm
+            out.copy_(x)
+        outs.append(out)
+    rope_pool_fused(outs[0], outs[1], None, positions, None, None, None, inplace=True, **head_kw)
+    return outs[0], outs[1]
 
 
 def qk_norm_rope(
@@ -38,7 +84,7 @@ def qk_norm_rope(
     mrope_section: Optional[Sequence[int]] = None,
     mrope_interleaved: bool = False,
 ) -> Tuple[Tensor, Tensor]:
-    """RoPE on q and k after an optional per-head RMSNorm, with no KV cache: :func:`rope_pool_fused` without
+    """RoPE on q and k after an optional RMSNorm, with no KV cache: :func:`rope_pool_fused` without
     ``v``, slots or pools, for ``[T, heads, head_dim]`` or batched ``[B, S, heads, head_dim]`` tensors.
 
     Parameters
@@ -54,7 +100,9 @@ def qk_norm_rope(
     cos_sin_cache, rope_base, rotary_dim, is_neox : optional
         The rotation, as :func:`rope_pool_fused` takes it.
     q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset : optional
-        The per-head QK norm, as :func:`rope_pool_fused` takes it.
+        The QK norm, as :func:`rope_pool_fused` takes it, per head (a weight of ``[head_dim]``, fused), or one RMS
+        over all of a token's heads (a weight of ``[heads * head_dim]``, Wan's form; CUDA; a kernel of its own
+        before the rotation).
     mrope_section, mrope_interleaved : optional
         M-RoPE, as :func:`rope_pool_fused` takes it.
     inplace : bool
@@ -113,8 +161,7 @@ def qk_norm_rope(
         mrope_interleaved=mrope_interleaved,
     )
     if q.dim() == 3:
-        q_rot, k_rot, _, _ = rope_pool_fused(q, k, None, positions, None, None, None, inplace=inplace, **kw)
-        return q_rot, k_rot
+        return _rotate(q, k, positions, inplace, kw)
     B, S = lead
     rows_shared = positions is None and isinstance(cos_sin_cache, Tensor) and B > 1 and cos_sin_cache.shape[0] == S
     if rows_shared:  # every batch item reads rows 0 ... S - 1
@@ -123,7 +170,7 @@ def qk_norm_rope(
         positions = positions.flatten(-2, -1)
     qt, kt = _tokens(q), _tokens(k)
     if qt is not None and kt is not None:
-        q_rot, k_rot, _, _ = rope_pool_fused(qt, kt, None, positions, None, None, None, inplace=inplace, **kw)
+        q_rot, k_rot = _rotate(qt, kt, positions, inplace, kw)
         return (q, k) if inplace else (q_rot.view(q.shape), k_rot.view(k.shape))
     # a layout whose batch and tokens do not flatten (e.g. [B, heads, S, D] seen as [B, S, heads, D]): a launch
     # per batch item
@@ -133,9 +180,7 @@ def qk_norm_rope(
         table = cos_sin_cache
         if positions is None and cos_sin_cache is not None and cos_sin_cache.shape[0] == B * S:
             table = cos_sin_cache[b * S : (b + 1) * S]
-        outs.append(
-            rope_pool_fused(q[b], k[b], None, at, None, None, None, inplace=inplace, **dict(kw, cos_sin_cache=table))
-        )
+        outs.append(_rotate(q[b], k[b], at, inplace, dict(kw, cos_sin_cache=table)))
     if inplace:
         return q, k
     return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])

@@ -12,6 +12,7 @@
 #include "core/angle_sincos.h"
 #include "core/errors.h"
 #include "core/rope_pool.h"
+#include "core/token_rms_norm.h"
 #include "cpu/float_bits.h"
 #include "cpu/rope_pool_reference.h"
 #include "tensor_builder.h"
@@ -406,6 +407,40 @@ TEST_CASE("no cache write: v, slots and pools absent together, no v items, every
   shapes.k = make({4, 2, 32});
   CHECK_THROWS_MSG(ValueError, check_rope_pool(shapes),
                    "k shape must be [num_tokens, num_kv_heads, head_dim], got torch.Size([4, 2, 32])");
+}
+
+TEST_CASE("qk_norm_rope's per-token norm: its checks in order, its parameters") {
+  auto token = [](DType wdt = DType::Float32, Device dev = cuda0) {
+    TokenNormArgs a;
+    a.x = make({5, 12, 128}, DType::BFloat16, cuda0, {3 * 12 * 128, 128, 1});  // q of a fused projection
+    a.weight = make({12 * 128}, wdt, dev);
+    a.out = make({5, 12, 128}, DType::BFloat16, cuda0);
+    return a;
+  };
+  check_token_rms_norm(token());
+  check_token_rms_norm(token(DType::BFloat16));
+  CHECK_THROWS_MSG(ValueError, check_token_rms_norm(token(DType::Float32, mps)),
+                   "the per-token QK norm (a weight of heads * head_dim) runs on CUDA only, its tensors on one device");
+  CHECK_THROWS_MSG(ValueError, check_token_rms_norm(token(DType::Float32, cuda1)),
+                   "the per-token QK norm (a weight of heads * head_dim) runs on CUDA only, its tensors on one device");
+  TokenNormArgs shape = token();
+  shape.weight = make({128}, DType::Float32, cuda0);
+  CHECK_THROWS_MSG(ValueError, check_token_rms_norm(shape),
+                   "a per-token q_norm_weight or k_norm_weight must have shape [heads * head_dim] = [1536], got "
+                   "torch.Size([128])");
+  CHECK_THROWS_MSG(ValueError, check_token_rms_norm(token(DType::Float16)),
+                   "q_norm_weight and k_norm_weight must be float32 or q's dtype (torch.bfloat16), got torch.float16");
+  TokenNormArgs strided = token();
+  strided.weight = make({12 * 128}, DType::Float32, cuda0, {2});
+  CHECK_THROWS_MSG(ValueError, check_token_rms_norm(strided), "q_norm_weight and k_norm_weight must be contiguous");
+  TokenNormArgs eps = token();
+  eps.eps = 0;
+  CHECK_THROWS_MSG(ValueError, check_token_rms_norm(eps), "norm_eps must be a positive finite number, got 0");
+  const TokenNormParams p = make_token_rms_norm_params(token());
+  CHECK_EQ(p.padded, 2048);
+  CHECK_EQ(p.x_stride_token, 3 * 12 * 128);
+  CHECK_EQ(p.out_stride_token, 12 * 128);
+  CHECK_EQ(p.weight_f32, 1);
 }
 
 TEST_CASE("QK norm split: lanes x elements = head_dim padded to a power of two") {

@@ -1,9 +1,10 @@
-"""qk_norm_rope: the per-head QK norm and RoPE with no KV cache, [T, H, D] or
-[B, S, H, D]. On the GPU: bit for bit rope_pool_fused's q_rot and k_rot (the
-pool-free kernel computes what the pool-writing one does), every batched
-layout (slices of a fused projection, a transposed [B, H, S, D], rows shared
-by the batch, in place), and diffusers' own norm + RoPE of Flux, HunyuanVideo
-and Qwen-Image. On the CPU: every message."""
+"""qk_norm_rope: the QK norm (per head, or per token across all heads) and
+RoPE with no KV cache, [T, H, D] or [B, S, H, D]. On the GPU: bit for bit
+rope_pool_fused's q_rot and k_rot (the pool-free kernel computes what the
+pool-writing one does), the per-token norm bit for bit its reference, every
+batched layout (slices of a fused projection, a transposed [B, H, S, D], rows
+shared by the batch, in place), and diffusers' own norm + RoPE of Flux,
+HunyuanVideo, Qwen-Image and Wan 2.1. On the CPU: every message."""
 
 import attnprep
 import pytest
@@ -188,4 +189,92 @@ def test_diffusers_norm_and_rope(model, dtype):
     # float32: a few ulp (sum order, rsqrt); bf16: the norm's output rounds where torch's RMSNorm does not
     tol = 1e-5 if dtype == torch.float32 else 2**-7
     for a, b in zip(got, want):
+        assert ((a.double() - b.double()).abs().max() / b.double().abs().max()).item() <= tol
+
+
+def test_the_per_token_norm_is_a_weight_of_heads_times_head_dim():
+    with FakeTensorMode():
+        q, k, rows, w = fake((2, 5, 4, 64), (2, 5, 4, 64), (5, 64), (256,))
+        q_rot, k_rot = attnprep.qk_norm_rope(q, k, cos_sin_cache=rows, q_norm_weight=w, k_norm_weight=w)
+        assert q_rot.shape == q.shape and k_rot.shape == k.shape
+        (half,) = fake((256,), dtype=torch.float16)
+        with pytest.raises(ValueError) as e:
+            attnprep.qk_norm_rope(q, k, cos_sin_cache=rows, q_norm_weight=half)
+        assert (
+            str(e.value)
+            == "q_norm_weight and k_norm_weight must be float32 or q's dtype (torch.float32), got torch.float16"
+        )
+        (odd,) = fake((255,))  # neither [head_dim] nor [heads * head_dim]: rope_pool_fused's check 34
+        with pytest.raises(ValueError) as e:
+            attnprep.qk_norm_rope(q, k, cos_sin_cache=rows, k_norm_weight=odd)
+        assert (
+            str(e.value) == "q_norm_weight and k_norm_weight must have shape [head_dim] = [64], got torch.Size([255])"
+        )
+
+
+def token_norm_reference(x, w, eps=1e-6, offset=0.0):
+    """The per-token norm: attnprep.testing's norm over each token's heads * head_dim elements."""
+    from attnprep.testing import rms_norm_reference
+
+    return rms_norm_reference(x.reshape(x.shape[0], -1), w, eps, offset).reshape(x.shape).to(x.device)
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("heads, D", [(12, 128), (5, 64), (3, 96), (40, 128)])
+@pytest.mark.parametrize("T", [1, 17, 300])
+def test_per_token_norm_bit_for_bit(dtype, offset, heads, D, T):
+    """The norm is its reference's to the bit; then the rotation as without a norm (k per head, q per token)."""
+    q, k = case((T, heads, D), (T, heads, D), dtype, seed=T + heads)
+    wq = (1 + 0.2 * torch.randn(heads * D, device="cuda")).to(dtype if offset else torch.float32)
+    wk = torch.rand(D, device="cuda") + 0.5
+    positions = torch.randint(0, 3000, (T,), device="cuda")
+    kw = dict(rope_base=1e4, norm_eps=1e-5, norm_weight_offset=offset)
+    got = attnprep.qk_norm_rope(q, k, positions, q_norm_weight=wq, k_norm_weight=wk, **kw)
+    y = token_norm_reference(q, wq, 1e-5, offset)
+    want_q = attnprep.qk_norm_rope(y, k, positions, **kw)[0]
+    want_k = attnprep.qk_norm_rope(q, k, positions, k_norm_weight=wk, **kw)[1]
+    same_bits(got[0], want_q)
+    same_bits(got[1], want_k)
+    q_in, k_in = q.clone(), k.clone()  # in place: the same values, into q and k
+    out = attnprep.qk_norm_rope(q_in, k_in, positions, q_norm_weight=wq, k_norm_weight=wk, inplace=True, **kw)
+    assert out[0] is q_in and out[1] is k_in
+    same_bits(q_in, got[0])
+    same_bits(k_in, got[1])
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_diffusers_wan(dtype, monkeypatch):
+    """Wan 2.1's attention module itself (its RMSNorm over heads * head_dim, its RoPE), q and k taken where it
+    hands them to attention, against qk_norm_rope on its projections with its weights and WanRotaryPosEmbed's rows."""
+    wan = pytest.importorskip("diffusers.models.transformers.transformer_wan")
+    B, H, D = 2, 12, 128
+    torch.manual_seed(0)
+    attn = wan.WanAttention(dim=H * D, heads=H, dim_head=D, eps=1e-6).to("cuda", dtype).eval()
+    with torch.no_grad():
+        attn.norm_q.weight.copy_(1 + 0.2 * torch.randn(H * D))
+        attn.norm_k.weight.copy_(1 + 0.2 * torch.randn(H * D))
+    rope = wan.WanRotaryPosEmbed(D, (1, 2, 2), 1024)
+    cos, sin = rope(torch.zeros(1, 16, 3, 8, 8))  # S = 3 x 4 x 4
+    S = cos.shape[1]
+    x = torch.randn(B, S, H * D, device="cuda", dtype=dtype)
+    seen = {}
+
+    def capture(query, key, value, **kw):
+        seen.update(q=query, k=key)
+        return torch.zeros_like(query)
+
+    monkeypatch.setattr(wan, "dispatch_attention_fn", capture)
+    with torch.no_grad():
+        attn(x, rotary_emb=(cos.cuda(), sin.cuda()))
+        q, k = (proj(x).unflatten(-1, (H, D)) for proj in (attn.to_q, attn.to_k))
+        rows = attnprep.rope_cos_sin_rows(cos[0, :, 0], sin[0, :, 0]).cuda()
+        got = attnprep.qk_norm_rope(
+            q, k, cos_sin_cache=rows, is_neox=False, q_norm_weight=attn.norm_q.weight, k_norm_weight=attn.norm_k.weight
+        )
+    tol = 1e-5 if dtype == torch.float32 else 2**-7
+    for a, b in zip(got, (seen["q"], seen["k"])):
+        assert a.shape == b.shape
         assert ((a.double() - b.double()).abs().max() / b.double().abs().max()).item() <= tol

@@ -1,0 +1,41 @@
+// Python binding of qk_norm_rope's per-token QK norm (core/token_rms_norm.h); python/attnprep/qk_norm_rope.py calls it.
+#include "core/token_rms_norm.h"
+#include "bindings/cuda_launch.h"
+#include "bindings/tensor_import.h"
+
+#if ATTNPREP_WITH_CUDA
+#include "cuda/token_rms_norm.h"
+#endif
+
+namespace attnprep::bindings {
+namespace {
+
+constexpr const char* kOp = "qk_norm_rope";
+
+// Checks (on metadata alone when `metadata_only`: the fake kernel's half), then launches unless metadata_only.
+void qk_token_rms_norm(nb::handle x, nb::handle weight, nb::handle eps, nb::handle offset, nb::handle out,
+                       bool metadata_only) {
+  const auto import = metadata_only ? import_metadata : import_tensor;
+  const ImportedTensor tx = import(x, "x"), tw = import(weight, "weight"), to = import(out, "out");
+  core::TokenNormArgs a;
+  a.x = tx.arg;
+  a.weight = tw.arg;
+  a.out = to.arg;
+  a.eps = float_arg(eps, kOp, "norm_eps");
+  a.offset = float_arg(offset, kOp, "norm_weight_offset");
+  core::check_token_rms_norm(a);
+  if (metadata_only) return;
+  const core::TokenNormParams p = core::make_token_rms_norm_params(a);
+  ATTNPREP_RUN_CUDA("qk_norm_rope", a.x.device, stream,
+                    cuda::token_rms_norm(p, a.x.data, a.weight.data, a.out.data, a.x.dtype, stream));
+}
+
+}  // namespace
+
+void init_token_rms_norm(nb::module_& m) {
+  m.def("_qk_token_rms_norm", &qk_token_rms_norm, nb::arg("x").none(), nb::arg("weight").none(), nb::arg("eps").none(),
+        nb::arg("offset").none(), nb::arg("out").none(), nb::arg("metadata_only") = false,
+        "Internal (qk_norm_rope): the per-token QK norm of x [T, heads, head_dim] into out (x itself in place).");
+}
+
+}  // namespace attnprep::bindings

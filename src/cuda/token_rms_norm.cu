@@ -1,0 +1,80 @@
+// qk_norm_rope's per-token QK norm: a block per token; each thread sums the squares of a power-of-two run of the
+// token's elements pairwise, a shared-memory tree adds the runs in order (together the contract's pairwise sum over
+// heads * head_dim padded with zeros), then every element is normalized and weighted as the per-head norm is.
+#include "cuda/token_rms_norm.h"
+
+#include "cuda/elements.cuh"
+#include "cuda/launch.h"
+#include "cuda/rcp_sqrt.cuh"
+#include "cuda/rope_group.cuh"
+
+namespace attnprep::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxDepth = 26;  // a run of up to 2^24 elements: at most 25 partial sums pending
+
+template <typename T>
+__device__ __forceinline__ const T* element(const T* x, const core::TokenNormParams& p, int64_t t, int64_t e,
+                                            bool out) {
+  const int64_t h = e / p.head_dim, d = e - h * p.head_dim;
+  return x + t * (out ? p.out_stride_token : p.x_stride_token) + h * (out ? p.out_stride_head : p.x_stride_head) + d;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    token_rms_norm_kernel(const core::TokenNormParams p, const T* x, const void* weight, T* out) {
+  __shared__ float sums[kThreads];
+  const int64_t t = blockIdx.x;
+  const int64_t n = p.heads * p.head_dim;
+  const int run = p.padded > kThreads ? p.padded / kThreads : 1;  // a power of two
+  const int runs = p.padded / run;
+  wait_for_prior_kernels();
+  float s = 0.f;
+  if (static_cast<int>(threadIdx.x) < runs) {
+    // pairwise over the run: a binary counter of completed blocks, as the reference sums
+    float stack[kMaxDepth];
+    int depth = 0;
+    const int64_t first = static_cast<int64_t>(threadIdx.x) * run;
+    for (int i = 0; i < run; ++i) {
+      const int64_t e = first + i;
+      const float v = e < n ? elements::to_float(*element(x, p, t, e, false)) : 0.f;
+      float q = __fmul_rn(v, v);
+      for (int m = i + 1; (m & 1) == 0; m >>= 1) q = __fadd_rn(stack[--depth], q);
+      stack[depth++] = q;
+    }
+    s = stack[0];
+  }
+  sums[threadIdx.x] = s;
+  __syncthreads();
+  for (int stride = 1; stride < runs; stride *= 2) {
+    const int i = static_cast<int>(threadIdx.x);
+    if (i % (2 * stride) == 0 && i + stride < runs) sums[i] = __fadd_rn(sums[i], sums[i + stride]);
+    __syncthreads();
+  }
+  const float inv = rcp_sqrt_rn(__fadd_rn(__fdiv_rn(sums[0], static_cast<float>(n)), p.eps));
+  let_next_kernel_start();
+  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+    const float w =
+        p.weight_f32 ? static_cast<const float*>(weight)[e] : elements::to_float(static_cast<const T*>(weight)[e]);
+    const float normalized = __fmul_rn(elements::to_float(*element(x, p, t, e, false)), inv);
+    const float y = p.offset == 0.f ? __fmul_rn(elements::to_float(elements::from_float<T>(normalized)), w)
+                                    : __fmul_rn(normalized, __fadd_rn(p.offset, w));
+    *const_cast<T*>(element(static_cast<const T*>(out), p, t, e, true)) = elements::from_float<T>(y);
+  }
+}
+
+}  // namespace
+
+cudaError_t token_rms_norm(const core::TokenNormParams& p, const void* x, const void* weight, void* out,
+                           core::DType dtype, cudaStream_t stream) {
+  if (p.tokens == 0 || p.heads * p.head_dim == 0) return cudaSuccess;
+  if (p.tokens >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
+  return rope::with_element_type(dtype, false, [&](auto element, auto) {
+    using T = decltype(element);
+    return launch_kernel(token_rms_norm_kernel<T>, dim3(static_cast<unsigned>(p.tokens)), dim3(kThreads), stream, p,
+                         static_cast<const T*>(x), weight, static_cast<T*>(out));
+  });
+}
+
+}  // namespace attnprep::cuda
