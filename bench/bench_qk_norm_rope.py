@@ -3,8 +3,8 @@
     python bench/bench_qk_norm_rope.py [--quick]
 
 q and k are slices of one fused projection [B, S, 3 * H * 128] (bf16), the
-per-head RMSNorm weights bf16, cos/sin one float32 row per token shared by
-the batch (Flux's GPT-J pairs). Per shape, in one interleaved loop
+RMSNorm weights bf16 (per head, or over all heads for Wan), cos/sin one
+float32 row per token shared by the batch (GPT-J pairs). Per shape, in one interleaved loop
 (common.median_ms_interleaved): attnprep; a device copy of the same bytes (q
 and k read, q_rot and k_rot written, the rows read once); diffusers'
 formulation (torch's RMSNorm, then apply_rotary_emb's real form) eager and
@@ -21,21 +21,30 @@ import torch
 from attnprep import _bench as common
 
 D = 128
-# name, B, S, heads
-SHAPES = [("Flux 1024^2", 1, 4608, 24), ("Flux 512^2, batch 2", 2, 1536, 24), ("small", 1, 256, 24)]
+# name, B, S, heads, norm over: "head" (Flux, HunyuanVideo, Qwen-Image) or "token" (all heads: Wan)
+SHAPES = [
+    ("Flux 1024^2", 1, 4608, 24, "head"),
+    ("Flux 512^2, batch 2", 2, 1536, 24, "head"),
+    ("Wan 2.1-1.3B 480p", 1, 32760, 12, "token"),
+    ("small", 1, 256, 24, "head"),
+]
 
 
 def diffusers_norm_rope(q, k, wq, wk, cos, sin):
-    """diffusers: torch.nn.RMSNorm per head, then apply_rotary_emb (adjacent pairs, float32, one rounding)."""
+    """diffusers: torch.nn.RMSNorm per head (a weight of head_dim) or over all heads (Wan: heads * head_dim), then
+    apply_rotary_emb (adjacent pairs, float32, one rounding)."""
 
     def rope(x):
         x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
         x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
         return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
 
-    q = torch.nn.functional.rms_norm(q, (D,), wq, 1e-6)
-    k = torch.nn.functional.rms_norm(k, (D,), wk, 1e-6)
-    return rope(q), rope(k)
+    def norm(x, w):
+        if w.numel() == D:
+            return torch.nn.functional.rms_norm(x, (D,), w, 1e-6)
+        return torch.nn.functional.rms_norm(x.flatten(-2), (w.numel(),), w, 1e-6).unflatten(-1, x.shape[-2:])
+
+    return rope(norm(q, wq)), rope(norm(k, wk))
 
 
 def inputs(B, S, H, g):
@@ -48,11 +57,12 @@ def run(quick: bool = False, with_peers: bool = True):
     iters = 10 if quick else 50
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for name, B, S, H in SHAPES[:1] if quick else SHAPES:
+    for name, B, S, H, over in SHAPES[:1] if quick else SHAPES:
         angle = torch.arange(S, device="cuda")[:, None] * 1e4 ** -torch.linspace(0, 1, D // 2, device="cuda")
         cos, sin = angle.cos().repeat_interleave(2, 1)[:, None], angle.sin().repeat_interleave(2, 1)[:, None]
         table = attnprep.rope_cos_sin_rows(cos[:, 0], sin[:, 0])
-        wq, wk = ((1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16) for _ in range(2))
+        n = D if over == "head" else H * D
+        wq, wk = ((1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(torch.bfloat16) for _ in range(2))
         nbytes = 2 * (2 * B * S * H * D * 2) + S * D * 4
         sets = [inputs(B, S, H, g) for _ in range(common.sets_needed(nbytes))]
         kw = dict(cos_sin_cache=table, is_neox=False, q_norm_weight=wq, k_norm_weight=wk)
@@ -77,12 +87,12 @@ def run(quick: bool = False, with_peers: bool = True):
             if with_peers:
                 graph_c = common.graph_replay_us(calls["compiled"][0])
         rows.append(
-            [name, f"{B} x {S}", H, t * 1e3, common.gbps(nbytes, t), 100 * ms["copy"] / t, graph]
+            [name, f"{B} x {S}", H, over, t * 1e3, common.gbps(nbytes, t), 100 * ms["copy"] / t, graph]
             + [tc * 1e3, graph_c, tc / t, te * 1e3]
         )
     common.print_table(
-        f"qk_norm_rope, bf16, head_dim 128, per-head norm + GPT-J rows ({common.environment()})",
-        ["shape", "B x S", "heads", "attnprep us", "GB/s", "% of copy", "graph replay us"]
+        f"qk_norm_rope, bf16, head_dim 128, QK norm + GPT-J rows ({common.environment()})",
+        ["shape", "B x S", "heads", "norm over", "attnprep us", "GB/s", "% of copy", "graph replay us"]
         + ["torch.compile us", "compile graph us", "speed-up vs compile", "diffusers eager us"],
         rows,
     )

@@ -317,15 +317,15 @@ def test_qk_norm_rope_table(on_cpu, capsys, monkeypatch):
         return bench_qk_norm_rope.diffusers_norm_rope(q, k, q_norm_weight, k_norm_weight, cos, sin)
 
     monkeypatch.setattr(attnprep, "qk_norm_rope", fake_qk_norm_rope)
-    monkeypatch.setattr(bench_qk_norm_rope, "SHAPES", [("a", 2, 6, 3), ("b", 1, 5, 2)])
+    monkeypatch.setattr(bench_qk_norm_rope, "SHAPES", [("a", 2, 6, 3, "head"), ("b", 1, 5, 2, "token")])
     bench_qk_norm_rope.run()
     rows = table(capsys.readouterr().out, "qk_norm_rope")
     # contenders: attnprep 1 ms, the copy 2, compiled 3, eager 4; graphs where S <= 256
-    for row, (_, B, S, H) in zip(rows, bench_qk_norm_rope.SHAPES):
+    for row, (_, B, S, H, over) in zip(rows, bench_qk_norm_rope.SHAPES):
         nbytes = 2 * (2 * B * S * H * 128 * 2) + S * 128 * 4
         close(
-            numbers(row, [f"{B} x {S}"]),
-            [row[0], f"{B} x {S}", float(H), 1e3, common.gbps(nbytes, 1.0), 200.0, GRAPH_US]
+            numbers(row, [f"{B} x {S}", over]),
+            [row[0], f"{B} x {S}", float(H), over, 1e3, common.gbps(nbytes, 1.0), 200.0, GRAPH_US]
             + [3e3, GRAPH_US, 3.0, 4e3],
         )
     assert len(rows) == 2
