@@ -252,7 +252,8 @@ def test_diffusers_wan(dtype, monkeypatch):
     wan = pytest.importorskip("diffusers.models.transformers.transformer_wan")
     B, H, D = 2, 12, 128
     torch.manual_seed(0)
-    attn = wan.WanAttention(dim=H * D, heads=H, dim_head=D, eps=1e-6).to("cuda", dtype).eval()
+    attn = wan.WanAttention(dim=H * D, heads=H, dim_head=D, eps=1e-6, processor=wan.WanAttnProcessor())
+    attn = attn.to("cuda", dtype).eval()
     with torch.no_grad():
         attn.norm_q.weight.copy_(1 + 0.2 * torch.randn(H * D))
         attn.norm_k.weight.copy_(1 + 0.2 * torch.randn(H * D))
