@@ -146,10 +146,14 @@ def rope_run(kernel, inplace, *schema_args):
     return kernel(*args)
 
 
-def _metal(*args):
+def _metal_module():
     from . import metal
 
-    return metal.rope_pool_fused(*args)
+    return metal
+
+
+def _metal(*args):
+    return _metal_module().rope_pool_fused(*args)
 
 
 def _rope(*args):
@@ -202,4 +206,5 @@ for _name, _kernel, _fake in [
     _lib.impl(_name, _kernel, _ANY)
     torch.library.register_fake(f"attnprep::{_name}", _fake, lib=_lib)
 _lib.impl("rope_pool_fused", _rope_mps, "MPS")
+_lib.impl("_qk_token_rms_norm", lambda *args: _metal_module().token_rms_norm(*args), "MPS")
 _lib.impl("rope_pool_fused_inplace", _rope_inplace_mps, "MPS")

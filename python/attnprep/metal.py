@@ -1,7 +1,7 @@
-"""rope_pool_fused on Apple GPUs: the op's kernel for the MPS device.
+"""rope_pool_fused on Apple GPUs: the op's kernel for the MPS device (and qk_norm_rope's per-token norm).
 
-The kernel is src/metal/rope_pool.metal (shipped in the package as
-attnprep/metal/). It runs through torch's shader-library API
+The kernels are src/metal/rope_pool.metal and token_rms_norm.metal (shipped
+in the package as attnprep/metal/). It runs through torch's shader-library API
 (``torch.mps.compile_shader``, which takes source), so it is ordered with
 torch's other MPS work on torch's MPS stream and needs no synchronisation.
 The source is compiled once per process and cached. The macOS CI job also
@@ -24,17 +24,17 @@ from ._ops import RopeArgs
 _KERNELS = {torch.float16: "rope_pool_half", torch.bfloat16: "rope_pool_bfloat", torch.float32: "rope_pool_float"}
 
 
-def source() -> str:
-    """The kernel source with its parameter header inlined (one compile unit)."""
+def source(name: str = "rope_pool") -> str:
+    """A kernel's source (``rope_pool`` or ``token_rms_norm``) with its parameter header inlined (one compile unit)."""
     here = resources.files("attnprep") / "metal"
-    text = (here / "rope_pool.metal").read_text()
-    header = (here / "rope_pool_params.h").read_text()
-    return text.replace('#include "rope_pool_params.h"', header)
+    header = "rope_pool_params.h" if name == "rope_pool" else f"{name}_params.h"
+    text = (here / f"{name}.metal").read_text()
+    return text.replace(f'#include "{header}"', (here / header).read_text())
 
 
 @functools.lru_cache(maxsize=None)
-def _library():
-    return torch.mps.compile_shader(source())
+def _library(name: str = "rope_pool"):
+    return torch.mps.compile_shader(source(name))
 
 
 def rope_pool_fused(*args):
@@ -76,3 +76,21 @@ def rope_pool_fused(*args):
             group_size=threads,
         )
     return q_rot, k_rot, a.k_pool, a.v_pool
+
+
+_TOKEN_NORM_KERNELS = {
+    torch.float16: "token_rms_norm_half",
+    torch.bfloat16: "token_rms_norm_bfloat",
+    torch.float32: "token_rms_norm_float",
+}
+
+
+def token_rms_norm(x, weight, eps, offset, out):
+    """qk_norm_rope's per-token QK norm on Apple GPUs (src/metal/token_rms_norm.metal), into ``out``."""
+    params, groups, threads = _C._qk_token_rms_norm_metal_plan(x, weight, eps, offset, out)
+    if groups:
+        block = torch.frombuffer(bytearray(params), dtype=torch.uint8).to(x.device)
+        # the weight fills its dtype's slot; the kernel never reads the other one
+        w32, w_t = (weight, x) if weight.dtype == torch.float32 else (x, weight)
+        kernel = getattr(_library("token_rms_norm"), _TOKEN_NORM_KERNELS[x.dtype])
+        kernel(x, w32, w_t, out, block, threads=groups * threads, group_size=threads)

@@ -101,8 +101,8 @@ def qk_norm_rope(
         The rotation, as :func:`rope_pool_fused` takes it.
     q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset : optional
         The QK norm, as :func:`rope_pool_fused` takes it, per head (a weight of ``[head_dim]``, fused), or one RMS
-        over all of a token's heads (a weight of ``[heads * head_dim]``, Wan's form; CUDA; a kernel of its own
-        before the rotation).
+        over all of a token's heads (a weight of ``[heads * head_dim]``, Wan's form; CUDA or MPS; a kernel of its
+        own before the rotation).
     mrope_section, mrope_interleaved : optional
         M-RoPE, as :func:`rope_pool_fused` takes it.
     inplace : bool

@@ -25,9 +25,25 @@ void qk_token_rms_norm(nb::handle x, nb::handle weight, nb::handle eps, nb::hand
   a.offset = float_arg(offset, kOp, "norm_weight_offset");
   core::check_token_rms_norm(a);
   if (metadata_only) return;
-  const core::TokenNormParams p = core::make_token_rms_norm_params(a);
+  const TokenNormParams p = core::make_token_rms_norm_params(a);
   ATTNPREP_RUN_CUDA("qk_norm_rope", a.x.device, stream,
                     cuda::token_rms_norm(p, a.x.data, a.weight.data, a.out.data, a.x.dtype, stream));
+}
+
+// The Metal dispatch (parameter block as bytes, threadgroups, threads per group) for checked arguments:
+// python/attnprep/metal.py runs the kernel on torch's MPS stream with exactly these.
+nb::tuple qk_token_rms_norm_metal_plan(nb::handle x, nb::handle weight, nb::handle eps, nb::handle offset,
+                                       nb::handle out) {
+  core::TokenNormArgs a;
+  a.x = import_tensor(x, "x").arg;
+  a.weight = import_tensor(weight, "weight").arg;
+  a.out = import_tensor(out, "out").arg;
+  a.eps = float_arg(eps, kOp, "norm_eps");
+  a.offset = float_arg(offset, kOp, "norm_weight_offset");
+  core::check_token_rms_norm(a);
+  const core::TokenNormMetalDispatch d = core::plan_token_rms_norm_metal(a);
+  return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(&d.params), sizeof(d.params)), d.threadgroups,
+                        d.threads_per_group);
 }
 
 }  // namespace
@@ -36,6 +52,9 @@ void init_token_rms_norm(nb::module_& m) {
   m.def("_qk_token_rms_norm", &qk_token_rms_norm, nb::arg("x").none(), nb::arg("weight").none(), nb::arg("eps").none(),
         nb::arg("offset").none(), nb::arg("out").none(), nb::arg("metadata_only") = false,
         "Internal (qk_norm_rope): the per-token QK norm of x [T, heads, head_dim] into out (x itself in place).");
+  m.def("_qk_token_rms_norm_metal_plan", &qk_token_rms_norm_metal_plan, nb::arg("x").none(), nb::arg("weight").none(),
+        nb::arg("eps").none(), nb::arg("offset").none(), nb::arg("out").none(),
+        "Internal: (TokenNormParams bytes, threadgroups, threads per group) of the Metal kernel.");
 }
 
 }  // namespace attnprep::bindings

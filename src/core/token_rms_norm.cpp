@@ -10,9 +10,9 @@ namespace attnprep::core {
 
 void check_token_rms_norm(const TokenNormArgs& a) {
   const TensorArg &x = a.x, &w = a.weight;
-  require(x.device.type == DeviceType::CUDA && w.device.type == DeviceType::CUDA && w.device == x.device &&
+  require((x.device.type == DeviceType::CUDA || x.device.type == DeviceType::MPS) && w.device == x.device &&
               a.out.device == x.device,
-          "the per-token QK norm (a weight of heads * head_dim) runs on CUDA only, its tensors on one device");
+          "the per-token QK norm (a weight of heads * head_dim) needs its tensors on one CUDA or MPS device");
   if (x.ndim != 3 || !w.has_shape({x.size(1) * x.size(2)}))
     throw ValueError("a per-token q_norm_weight or k_norm_weight must have shape [heads * head_dim] = [" +
                      std::to_string(x.ndim == 3 ? x.size(1) * x.size(2) : 0) + "], got " + shape_str(w));
@@ -47,6 +47,10 @@ TokenNormParams make_token_rms_norm_params(const TokenNormArgs& a) {
   p.eps = static_cast<float>(a.eps);
   p.offset = static_cast<float>(a.offset);
   return p;
+}
+
+TokenNormMetalDispatch plan_token_rms_norm_metal(const TokenNormArgs& a) {
+  return {make_token_rms_norm_params(a), a.x.size(0), kTokenNormThreads};
 }
 
 }  // namespace attnprep::core

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "core/token_rms_norm_params.h"
 
 namespace attnprep::core {
 
@@ -18,13 +19,15 @@ struct TokenNormArgs {
 // The checks, in the documented order; throws ValueError.
 void check_token_rms_norm(const TokenNormArgs& a);
 
-struct TokenNormParams {
-  int64_t tokens, heads, head_dim;
-  int64_t x_stride_token, x_stride_head, out_stride_token, out_stride_head;
-  int32_t padded;      // heads * head_dim rounded up to a power of two: the pairwise sum's width
-  int32_t weight_f32;  // 1: float32 weights; 0: x's dtype
-  float eps, offset;
-};
 TokenNormParams make_token_rms_norm_params(const TokenNormArgs& a);
+
+// How the Metal kernel (src/metal/token_rms_norm.metal) is dispatched: a threadgroup per token.
+constexpr int32_t kTokenNormThreads = 256;
+struct TokenNormMetalDispatch {
+  TokenNormParams params;
+  int64_t threadgroups;
+  int32_t threads_per_group;
+};
+TokenNormMetalDispatch plan_token_rms_norm_metal(const TokenNormArgs& a);
 
 }  // namespace attnprep::core

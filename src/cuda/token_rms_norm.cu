@@ -11,19 +11,18 @@
 namespace attnprep::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = core::kTokenNormThreads;
 constexpr int kMaxDepth = 26;  // a run of up to 2^24 elements: at most 25 partial sums pending
 
 template <typename T>
-__device__ __forceinline__ const T* element(const T* x, const core::TokenNormParams& p, int64_t t, int64_t e,
-                                            bool out) {
+__device__ __forceinline__ const T* element(const T* x, const TokenNormParams& p, int64_t t, int64_t e, bool out) {
   const int64_t h = e / p.head_dim, d = e - h * p.head_dim;
   return x + t * (out ? p.out_stride_token : p.x_stride_token) + h * (out ? p.out_stride_head : p.x_stride_head) + d;
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    token_rms_norm_kernel(const core::TokenNormParams p, const T* x, const void* weight, T* out) {
+    token_rms_norm_kernel(const TokenNormParams p, const T* x, const void* weight, T* out) {
   __shared__ float sums[kThreads];
   const int64_t t = blockIdx.x;
   const int64_t n = p.heads * p.head_dim;
@@ -66,8 +65,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t token_rms_norm(const core::TokenNormParams& p, const void* x, const void* weight, void* out,
-                           core::DType dtype, cudaStream_t stream) {
+cudaError_t token_rms_norm(const TokenNormParams& p, const void* x, const void* weight, void* out, core::DType dtype,
+                           cudaStream_t stream) {
   if (p.tokens == 0 || p.heads * p.head_dim == 0) return cudaSuccess;
   if (p.tokens >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
   return rope::with_element_type(dtype, false, [&](auto element, auto) {

@@ -10,7 +10,7 @@ namespace attnprep::cuda {
 
 // out = the norm of x over each token's heads * head_dim elements, times the weight (out may be x itself); `dtype`
 // is x's (float16, bfloat16 or float32).
-cudaError_t token_rms_norm(const core::TokenNormParams& p, const void* x, const void* weight, void* out,
-                           core::DType dtype, cudaStream_t stream);
+cudaError_t token_rms_norm(const TokenNormParams& p, const void* x, const void* weight, void* out, core::DType dtype,
+                           cudaStream_t stream);
 
 }  // namespace attnprep::cuda

@@ -420,9 +420,16 @@ TEST_CASE("qk_norm_rope's per-token norm: its checks in order, its parameters") 
   check_token_rms_norm(token());
   check_token_rms_norm(token(DType::BFloat16));
   CHECK_THROWS_MSG(ValueError, check_token_rms_norm(token(DType::Float32, mps)),
-                   "the per-token QK norm (a weight of heads * head_dim) runs on CUDA only, its tensors on one device");
+                   "the per-token QK norm (a weight of heads * head_dim) needs its tensors on one CUDA or MPS device");
   CHECK_THROWS_MSG(ValueError, check_token_rms_norm(token(DType::Float32, cuda1)),
-                   "the per-token QK norm (a weight of heads * head_dim) runs on CUDA only, its tensors on one device");
+                   "the per-token QK norm (a weight of heads * head_dim) needs its tensors on one CUDA or MPS device");
+  TokenNormArgs apple = token(DType::Float32, mps);
+  apple.x.device = apple.out.device = mps;
+  check_token_rms_norm(apple);
+  TokenNormArgs host = token(DType::Float32, cpu);
+  host.x.device = host.out.device = cpu;
+  CHECK_THROWS_MSG(ValueError, check_token_rms_norm(host),
+                   "the per-token QK norm (a weight of heads * head_dim) needs its tensors on one CUDA or MPS device");
   TokenNormArgs shape = token();
   shape.weight = make({128}, DType::Float32, cuda0);
   CHECK_THROWS_MSG(ValueError, check_token_rms_norm(shape),

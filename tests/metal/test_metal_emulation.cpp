@@ -1,5 +1,5 @@
-// src/metal/rope_pool.metal, unchanged, compiled as C++ and run over its
-// dispatch grid by the emulator, against the CPU reference: f16/bf16/f32,
+// src/metal/rope_pool.metal and token_rms_norm.metal, unchanged, compiled as C++ and run over their
+// dispatch grids by the emulator, against the CPU reference: f16/bf16/f32,
 // head_dim 64/128/256, GQA and MHA, partial rotary, GPT-J, cos_sin_cache,
 // slots -1 and out of range, duplicate slots reported as write conflicts, a
 // padded grid, and the parameter block equal to the dispatcher's.
@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "core/rope_pool.h"
+#include "core/token_rms_norm.h"
 #include "cpu/float_bits.h"
 #include "cpu/rope_pool_reference.h"
 #include "tensor_builder.h"
@@ -17,7 +18,8 @@
 // The shim's address-space macros (device, constant, ...) would clash with
 // names in the headers above, so the emulator and the kernel come last.
 #include "emulator.h"
-#include "rope_pool.metal"  // the kernel under test, unchanged
+#include "rope_pool.metal"       // the kernels under test, unchanged
+#include "token_rms_norm.metal"  // (qk_norm_rope's per-token norm)
 #undef device
 #undef constant
 #undef threadgroup
@@ -462,6 +464,53 @@ TEST_CASE("emulated Metal kernel: QK norm (Qwen3 and Gemma styles), with partial
   c.hkv = 2;
   c.T = 3;
   run_case<half>(c, seed++);
+}
+
+// qk_norm_rope's per-token norm over a [T, heads, head_dim] view with a row stride past the heads, into a
+// contiguous output: bit for bit the C++ reference, every element written once, nothing past the output.
+template <typename E>
+void run_token_norm(DType dt, int64_t T, int64_t heads, int64_t D, bool w_f32, double offset, uint32_t seed) {
+  Buffer<E> x, out, wT;
+  Buffer<float> w32;
+  x.make({T, heads, D}, dt, seed, {heads * D + 8, D, 1});
+  out.make({T, heads, D}, dt, seed + 1, {}, static_cast<size_t>(heads * D));
+  w32.make({heads * D}, DType::Float32, seed + 2);
+  wT.make({heads * D}, dt, seed + 3);
+  core::TokenNormArgs a;
+  a.x = x.arg;
+  a.out = out.arg;
+  a.weight = w_f32 ? w32.arg : wT.arg;
+  a.eps = 1e-5;
+  a.offset = offset;
+  core::check_token_rms_norm(a);
+  const core::TokenNormMetalDispatch plan = core::plan_token_rms_norm_metal(a);
+  std::vector<float> w32_values(static_cast<size_t>(heads * D));
+  std::memcpy(w32_values.data(), w32.raw.bytes.data(), w32_values.size() * 4);
+  emu::write_conflicts = 0;
+  TokenNormParams fed = plan.params;  // what the emulator hands the kernel
+  emu::dispatch(plan.threadgroups + 1, plan.threads_per_group, seed, [&](uint g, uint lane, uint n) {
+    token_rms_norm<Tracked<E>>(x.dev.data(), w32_values.data(), wT.dev.data(), out.dev.data(), fed, g, lane, n);
+  });
+  bool exact = true;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> row(static_cast<size_t>(heads * D));
+    for (int64_t e = 0; e < heads * D; ++e) row[static_cast<size_t>(e)] = x.at(t * (heads * D + 8) + e);
+    const std::vector<float> want = cpu::rms_norm_head(row, a.weight, dt, a.eps, a.offset);
+    for (int64_t e = 0; e < heads * D; ++e) exact &= out.at(t * heads * D + e) == want[static_cast<size_t>(e)];
+  }
+  const std::string what = std::string(core::dtype_name(dt)) + " T=" + std::to_string(T) +
+                           " heads=" + std::to_string(heads) + " D=" + std::to_string(D);
+  if (!exact) test::fail(__FILE__, __LINE__, what + ": differs from the reference");
+  if (!out.guard_untouched()) test::fail(__FILE__, __LINE__, what + ": a store landed past the output");
+  if (emu::write_conflicts.load() != 0) test::fail(__FILE__, __LINE__, what + ": write conflicts");
+}
+
+TEST_CASE("emulated Metal kernel: qk_norm_rope's per-token norm, bit for bit the reference") {
+  uint32_t seed = 210;
+  run_token_norm<bfloat>(DType::BFloat16, 3, 12, 128, true, 0.0, seed++);   // a run of 8 per thread
+  run_token_norm<half>(DType::Float16, 2, 3, 96, false, 1.0, seed++);       // 288 of 512 padded
+  run_token_norm<float>(DType::Float32, 2, 2, 64, true, 0.0, seed++);       // fewer runs than threads
+  run_token_norm<bfloat>(DType::BFloat16, 1, 40, 128, false, 1.0, seed++);  // Wan 14B's 40 heads
 }
 
 TEST_CASE("the dispatcher's parameter block: strides, flags, table") {

@@ -45,6 +45,10 @@ def test_rope_pool_metal_is_clean():
     assert compiler_messages(ROOT / "src/metal/rope_pool.metal") == []
 
 
+def test_token_rms_norm_metal_is_clean():
+    assert compiler_messages(ROOT / "src/metal/token_rms_norm.metal") == []
+
+
 def test_the_pass_catches_address_space_mistakes():
     path = ROOT / "src/metal/rope_pool.metal"
     source = path.read_text()
