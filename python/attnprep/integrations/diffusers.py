@@ -8,6 +8,10 @@ masked, a key-padding mask agreed on by every rank first. Everything else
 (sharding the model's inputs, gathering its outputs, other backends, ring
 attention, lse, dropout, masks other than a key mask) stays diffusers' own.
 
+Sequences the world size does not divide go through diffusers' own
+``ulysses_anything=True`` sharding (ranks a row apart); the layer pads and
+masks them.
+
 Relies on diffusers' internals: the registry of attention backends
 (``attention_dispatch._AttentionBackendRegistry``, whose NATIVE entry is
 wrapped with the same parameters) and ``ContextParallelConfig``'s
