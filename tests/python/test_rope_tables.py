@@ -298,3 +298,42 @@ def test_the_kernel_applies_the_table(name):
     cos, sin = cos_sin(positions, HEAD_DIM, cos_sin_cache=cache)
     assert rope_error_ratio(q_rot, rope_reference(q, cos, sin, HEAD_DIM, True), q, HEAD_DIM, True) <= 1
     assert rope_error_ratio(k_rot, rope_reference(k, cos, sin, HEAD_DIM, True), k, HEAD_DIM, True) <= 1
+
+
+def test_deepseek_v3_yarn_table_bit_for_bit():
+    """MLA's RoPE (issue: DeepSeek-V3 / Kimi K2): YaRN with DeepSeek's mscale over qk_rope_head_dim = 64, from
+    the config as the model carries it, equal to DeepseekV3RotaryEmbedding's cos and sin to the bit."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
+
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    }
+    config = transformers.DeepseekV3Config(
+        hidden_size=256,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=64,
+        kv_lora_rank=128,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        vocab_size=100,
+        max_position_embeddings=163840,
+        rope_parameters=rope,
+    )
+    positions = torch.tensor([0, 1, 17, 4095, 4096, 8191, 16383])
+    cos, sin = DeepseekV3RotaryEmbedding(config)(torch.zeros(1, positions.numel(), 64), positions[None])
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    table = attnprep.rope_cos_sin_cache(64, 16384, 10000.0, scaling=scaling, max_position_embeddings=163840)
+    assert torch.equal(table[positions, :32], cos[0, :, :32]) and torch.equal(table[positions, 32:], sin[0, :, :32])
