@@ -32,7 +32,15 @@ Any dtype works: the output side merges float16/bfloat16/float32 with
 usp_merge_heads and other dtypes (float64, say) with torch's permute.
 """
 
-from .agreement import AUTO_CHUNKS, GATHER_SHAPE, INFERENCE_ONLY, MASK_NEEDS_BATCH, VALIDATE_IN_CAPTURE
+from .agreement import (
+    AUTO_CHUNKS,
+    GATHER_SHAPE,
+    INFERENCE_ONLY,
+    LSE_NEEDS_ATTN_FN,
+    LSE_NEEDS_ONE_CHUNK,
+    MASK_NEEDS_BATCH,
+    VALIDATE_IN_CAPTURE,
+)
 from .batched import sdpa_batched
 from .exchange import gather_heads, scatter_heads
 from .layer import AttnFn, UlyssesAttention, sdpa, ulysses_attention
@@ -42,6 +50,8 @@ __all__ = [
     "AUTO_CHUNKS",
     "GATHER_SHAPE",
     "INFERENCE_ONLY",
+    "LSE_NEEDS_ATTN_FN",
+    "LSE_NEEDS_ONE_CHUNK",
     "VALIDATE_IN_CAPTURE",
     "MASK_NEEDS_BATCH",
     "sdpa_batched",

@@ -45,7 +45,19 @@ def _check_local(q: Tensor, k: Tensor, v: Tensor, world: int) -> None:
 # What every rank tells the others before any data moves: its geometry, then
 # the verdict of its local checks (0: passed, 1: ValueError, 2: TypeError)
 # with the message as UTF-8 bytes, one per int64.
-_FIELDS = ("q dims", "rows", "q heads", "kv heads", "head_dim", "dtype", "chunks", "wire_dtype", "transport", "causal")
+_FIELDS = (
+    "q dims",
+    "rows",
+    "q heads",
+    "kv heads",
+    "head_dim",
+    "dtype",
+    "chunks",
+    "wire_dtype",
+    "transport",
+    "causal",
+    "return_lse",
+)
 
 
 _WIRE = {None: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
@@ -131,6 +143,21 @@ def _causal_code(attn_fn, causal) -> int:
     return int(causal)
 
 
+LSE_NEEDS_ATTN_FN = "ulysses: return_lse=True needs an attn_fn that returns (out, lse)"
+LSE_NEEDS_ONE_CHUNK = 'ulysses: return_lse=True needs chunks=1 and transport="nccl"'
+
+
+def _lse_code(return_lse, attn_fn, chunks: int, transport) -> int:
+    """return_lse a bool; with it, an attn_fn of the caller's, one chunk and the NCCL (or gloo) path."""
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"ulysses: return_lse must be a bool, got {type(return_lse).__name__}")
+    if return_lse and attn_fn is None:
+        raise ValueError(LSE_NEEDS_ATTN_FN)
+    if return_lse and (chunks != 1 or transport != "nccl"):
+        raise ValueError(LSE_NEEDS_ONE_CHUNK)
+    return int(return_lse)
+
+
 def _dtype_code(dtype) -> int:
     return zlib.crc32(str(dtype).encode())
 
@@ -159,7 +186,7 @@ def _shown(field: str, x: int):
         return next(t for t, c in _TRANSPORTS.items() if c == x)
     if field == "chunks" and x == _AUTO_FIELD:
         return "auto"
-    if field in ("causal", "key_padding_mask"):
+    if field in ("causal", "key_padding_mask", "return_lse"):
         return bool(x)
     return x
 
@@ -219,7 +246,17 @@ MASK_NEEDS_BATCH = "ulysses: key_padding_mask needs batched [batch, rows, heads,
 
 
 def _layer_fields(
-    q, k, v, world: int, chunks=1, wire_dtype=None, transport="nccl", attn_fn=None, causal=False, key_padding_mask=None
+    q,
+    k,
+    v,
+    world: int,
+    chunks=1,
+    wire_dtype=None,
+    transport="nccl",
+    attn_fn=None,
+    causal=False,
+    key_padding_mask=None,
+    return_lse=False,
 ) -> list:
     """The layer's (and scatter_heads') local checks, in order; returns its _FIELDS."""
     _check_local(q, k, v, world)
@@ -229,7 +266,8 @@ def _layer_fields(
     attention = _causal_code(attn_fn, causal)
     if key_padding_mask is not None:
         raise ValueError(MASK_NEEDS_BATCH)
-    return [3, q.shape[0], q.shape[1], k.shape[1], q.shape[2], _dtype_code(q.dtype), count, wire, how, attention]
+    lse = _lse_code(return_lse, attn_fn, count, transport)
+    return [3, q.shape[0], q.shape[1], k.shape[1], q.shape[2], _dtype_code(q.dtype), count, wire, how, attention, lse]
 
 
 def _checked_chunks(q, k, v, group, validate: bool, *args) -> int:

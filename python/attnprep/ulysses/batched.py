@@ -19,6 +19,7 @@ from .agreement import (
     _dtype_code,
     _every_rank,
     _local_chunks,
+    _lse_code,
     _refuse_grad,
     _require_same,
     _transport_code,
@@ -43,6 +44,7 @@ _BATCHED_FIELDS = (
     "wire_dtype",
     "transport",
     "causal",
+    "return_lse",
 )
 
 
@@ -83,7 +85,9 @@ def sdpa_batched(causal: bool = False, scale: Optional[float] = None) -> Batched
     return attn
 
 
-def _batched_fields(q, k, v, key_padding_mask, world: int, chunks, wire_dtype, transport, attn_fn, causal) -> list:
+def _batched_fields(
+    q, k, v, key_padding_mask, world: int, chunks, wire_dtype, transport, attn_fn, causal, return_lse
+) -> list:
     """The batched layer's local checks, in order; returns its _BATCHED_FIELDS."""
     _C._check_ulysses_batched(q, k, v, key_padding_mask)  # the messages live in src/core, once
     _refuse_grad(q, k, v)
@@ -92,12 +96,14 @@ def _batched_fields(q, k, v, key_padding_mask, world: int, chunks, wire_dtype, t
     wire = _wire_code(wire_dtype, count)
     how = _transport_code(transport, q, wire_dtype)
     attention = _causal_code(attn_fn, causal)
+    lse = _lse_code(return_lse, attn_fn, count, transport)
     batch, rows, _, dim = q.shape
     return [4, rows, batch, q.shape[2], k.shape[2], dim, _dtype_code(q.dtype), int(key_padding_mask is not None)] + [
         count,
         wire,
         how,
         attention,
+        lse,
     ]
 
 
@@ -136,12 +142,16 @@ def batched_attention(
     wire_dtype,
     transport: str,
     layer: Callable,
-) -> Tensor:
-    """ulysses_attention on ``[B, S, H, D]`` inputs (``layer``: the three-dimensional one)."""
+    return_lse: bool = False,
+):
+    """ulysses_attention on ``[B, S, H, D]`` inputs (``layer``: the three-dimensional one); with return_lse,
+    (out, lse) with lse ``[B, H, S]`` float32 for this rank's rows."""
     world, _ = _world(group)
 
     def local():
-        return _batched_fields(q, k, v, key_padding_mask, world, chunks, wire_dtype, transport, attn_fn, causal)
+        return _batched_fields(
+            q, k, v, key_padding_mask, world, chunks, wire_dtype, transport, attn_fn, causal, return_lse
+        )
 
     if validate:
         every = _every_rank(group, _BATCHED_FIELDS, local)
@@ -160,19 +170,31 @@ def batched_attention(
         key_mask = _sequence_mask(valid, group, world)
     attend = attn_fn or sdpa_batched(causal)
 
-    def whole_sequences(ql: Tensor, kl: Tensor, vl: Tensor) -> Tensor:
+    def whole_sequences(ql: Tensor, kl: Tensor, vl: Tensor):
         """Attention on the layer's ``[world * B * rows, h, D]`` (rows by source
-        rank, then batch): each sequence whole, then back in that order."""
+        rank, then batch): each sequence whole, then back in that order (and
+        with return_lse its ``[B, h, S]`` lse as the layer's ``[h, rows]``)."""
 
         def unfold(t):
             return t.view(world, batch, longest, t.shape[1], dim).transpose(0, 1).reshape(batch, -1, t.shape[1], dim)
 
-        out = attend(unfold(ql), unfold(kl), unfold(vl), key_mask)
-        if not (isinstance(out, Tensor) and out.shape == (batch, world * longest, ql.shape[1], dim)):
-            return out  # the layer reports it, with its message
-        return out.view(batch, world, longest, ql.shape[1], dim).transpose(0, 1).reshape(ql.shape)
+        h = ql.shape[1]
+        result = attend(unfold(ql), unfold(kl), unfold(vl), key_mask)
+        out, lse = result if return_lse and isinstance(result, tuple) and len(result) == 2 else (result, None)
+        if not (isinstance(out, Tensor) and out.shape == (batch, world * longest, h, dim)):
+            return result  # the layer reports it, with its message
+        out = out.view(batch, world, longest, h, dim).transpose(0, 1).reshape(ql.shape)
+        if not return_lse:
+            return out
+        if not (isinstance(lse, Tensor) and lse.shape == (batch, h, world * longest)):
+            return out, lse  # likewise
+        return out, lse.view(batch, h, world, longest).permute(1, 2, 0, 3).reshape(h, -1)
 
     expand = heads // k.shape[2] if pkv != k.shape[2] else 1
     q3, k3, v3 = _fold(q, longest, ph), _fold(k, longest, pkv, expand), _fold(v, longest, pkv, expand)
-    out = layer(q3, k3, v3, group, whole_sequences, causal, False, chunks, wire_dtype, transport)
-    return out.view(batch, longest, ph, dim)[:, :s, :heads]
+    got = layer(q3, k3, v3, group, whole_sequences, causal, False, chunks, wire_dtype, transport, None, return_lse)
+    out = got[0] if return_lse else got
+    out = out.view(batch, longest, ph, dim)[:, :s, :heads]
+    if not return_lse:
+        return out
+    return out, got[1].view(ph, batch, longest).transpose(0, 1)[:, :heads, :s]

@@ -48,7 +48,8 @@ def ulysses_attention(
     wire_dtype=None,
     transport: str = "nccl",
     key_padding_mask: Optional[Tensor] = None,
-) -> Tensor:
+    return_lse: bool = False,
+):
     """Attention over the whole sequence for this rank's shard of it.
 
     One exchange in (q, k, v packed together), attention over the whole
@@ -92,12 +93,18 @@ def ulysses_attention(
     key_padding_mask : torch.Tensor, optional
         Batched inputs only: ``[B, rows]`` bool, True for this rank's keys
         that take part in attention.
+    return_lse : bool
+        ``attn_fn`` returns ``(out, lse)`` (lse: float32 ``[h, S]``, batched
+        ``[B, h, S]``), and so does the layer, with the lse of this rank's
+        rows and every head, for combining with ring attention; needs an
+        ``attn_fn``, ``chunks=1`` and ``transport="nccl"``.
 
     Returns
     -------
-    torch.Tensor
+    torch.Tensor or tuple
         ``[rows, H, D]`` (``[B, rows, H, D]``, a view of the layer's output
-        buffer), q's dtype and device.
+        buffer), q's dtype and device; with ``return_lse``, ``(out, lse)``,
+        lse float32 ``[H, rows]`` (``[B, H, rows]``).
 
     Raises
     ------
@@ -113,21 +120,85 @@ def ulysses_attention(
     """
     if isinstance(q, Tensor) and q.dim() == 4:
         return batched_attention(
-            q, k, v, key_padding_mask, group, attn_fn, causal, validate, chunks, wire_dtype, transport, _attention
+            q,
+            k,
+            v,
+            key_padding_mask,
+            group,
+            attn_fn,
+            causal,
+            validate,
+            chunks,
+            wire_dtype,
+            transport,
+            _attention,
+            return_lse,
         )
-    return _attention(q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask)
+    return _attention(
+        q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask, return_lse
+    )
 
 
 def _attention(
-    q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask=None
-) -> Tensor:
+    q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask=None, return_lse=False
+):
     """The layer on ``[rows, heads, D]`` inputs."""
-    chunks = _checked_chunks(q, k, v, group, validate, chunks, wire_dtype, transport, attn_fn, causal, key_padding_mask)
+    chunks = _checked_chunks(
+        q, k, v, group, validate, chunks, wire_dtype, transport, attn_fn, causal, key_padding_mask, return_lse
+    )
+    if return_lse:  # (checked: an attn_fn, one chunk, NCCL)
+        ql, kl, vl = _scatter(q, k, v, group, False, wire_dtype)
+        o, lse = _checked_lse(attn_fn)(ql, kl, vl)
+        return gather_heads(o, group, wire_dtype=wire_dtype, validate=False), _lse_to_rows(lse, group)
     attn = _checked(attn_fn or sdpa(causal))
     if transport == "nccl" and (chunks == 1 or (chunks == _AUTO_FIELD and AUTO_CHUNKS == 1)):
         ql, kl, vl = _scatter(q, k, v, group, False, wire_dtype)
         return gather_heads(attn(ql, kl, vl), group, wire_dtype=wire_dtype, validate=False)  # attn's result is checked
     return _chunked_attention(q, k, v, group, attn, chunks, transport)
+
+
+def _checked_lse(attn: Callable):
+    """attn returning (out, lse), both checked before anything reads them, as _checked checks out: lse float32
+    ``[h, S]`` on q's device."""
+
+    def run(q: Tensor, k: Tensor, v: Tensor):
+        result = attn(q, k, v)
+        ok = isinstance(result, tuple) and len(result) == 2 and all(isinstance(t, Tensor) for t in result)
+        o, lse = result if ok else (None, None)
+        want = (q.shape[1], q.shape[0])
+        if not (
+            ok
+            and o.shape == q.shape
+            and o.device == q.device
+            and lse.shape == want
+            and lse.dtype == torch.float32
+            and lse.device == q.device
+        ):
+            if ok:
+                got = f"({o.shape}, {lse.dtype} {lse.shape}) on {o.device}"
+            else:
+                got = f"a tensor {result.shape}" if isinstance(result, Tensor) else type(result).__name__
+            raise ValueError(
+                f"ulysses: with return_lse=True, attn_fn must return (out, lse): out shaped like its q, {q.shape}, "
+                f"and lse float32 [{want[0]}, {want[1]}], on {q.device}, got {got}"
+            )
+        return o, lse
+
+    return run
+
+
+def _lse_to_rows(lse: Tensor, group) -> Tensor:
+    """The rank's ``[h, world * rows]`` lse (its heads, every rank's rows) -> ``[world * h, rows]`` (every head,
+    its rows): one all_to_all, heads in rank order as the exchange deals them."""
+    world, _ = _world(group)
+    h, total = lse.shape
+    rows = total // world
+    send = lse.view(h, world, rows).transpose(0, 1).contiguous()
+    if world == 1:
+        return send.view(h, rows)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv.view(world * h, rows)
 
 
 def _checked(attn: AttnFn) -> AttnFn:
@@ -202,12 +273,13 @@ class UlyssesAttention(torch.nn.Module):
         chunks=1,
         wire_dtype=None,
         transport: str = "nccl",
+        return_lse: bool = False,
     ):
         super().__init__()
         self.group, self.attn_fn, self.causal, self.validate = group, attn_fn, causal, validate
-        self.chunks, self.wire_dtype, self.transport = chunks, wire_dtype, transport
+        self.chunks, self.wire_dtype, self.transport, self.return_lse = chunks, wire_dtype, transport, return_lse
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None):
         return ulysses_attention(
             q,
             k,
@@ -220,4 +292,5 @@ class UlyssesAttention(torch.nn.Module):
             self.wire_dtype,
             self.transport,
             key_padding_mask,
+            self.return_lse,
         )
