@@ -23,7 +23,9 @@ projection, partial rotary), GPT-J (GPT-J pairs, partial rotary), and the
 vision-language Qwen2.5-VL and Qwen3-VL (M-RoPE: a prompt with an image
 takes [3, T] positions from the model's own ``get_rope_index``, its decode
 steps the position plus the prompt's rope delta; the model's own vision
-tower fills the image tokens).
+tower fills the image tokens). DeepSeek-V3's multi-head latent attention
+(``PagedMLAEngine``: a paged latent cache, attention from it in the
+up-projection form) runs on the plain-torch backend.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ def _attention_layers(model):
         return [(layer, "attn") for layer in model.transformer.h]
     if kind in VL_MODELS:
         return [(layer, "self_attn") for layer in model.model.language_model.layers]
+    if kind == "deepseek_v3":
+        return [(layer, "self_attn") for layer in model.model.layers]
     raise ValueError(f"paged_decode: no adapter for model type {kind}")
 
 
@@ -471,6 +475,113 @@ class PagedAttention(torch.nn.Module):
         return _output(m, out.reshape(1, x.shape[0], -1)), None
 
 
+# ---------------------------------------------------------------- multi-head latent attention
+
+
+class PagedMLAEngine(PagedEngine):
+    """The loop for multi-head latent attention (DeepSeek-V3 and its kin): a paged latent cache of
+    ``kv_lora_rank + qk_rope_head_dim`` values per token (the normalized compressed kv, then the rotated shared
+    k_pe) and attention from it in the up-projection form. The plain-torch backend (the model's own
+    kv_a_layernorm, RoPE from the model's table); decode steps of any shape (no CUDA graphs)."""
+
+    def __init__(self, model, *, page_size: int = 16, num_pages: int = 256, backend: str = "reference"):
+        if backend != "reference":
+            raise ValueError("paged_decode: multi-head latent attention runs on the reference backend")
+        config = model.config
+        self.model, self.backend = model, backend
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.mrope = False
+        self.rope_dim, self.latent = config.qk_rope_head_dim, config.kv_lora_rank
+        self.is_neox = not getattr(config, "rope_interleave", False)  # DeepSeek's interleaved pairs: GPT-J's
+        params = dict(config.rope_parameters)
+        scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        self.table = attnprep.rope_cos_sin_cache(
+            self.rope_dim,
+            4096,
+            params["rope_theta"],
+            scaling=scaling,
+            max_position_embeddings=config.max_position_embeddings,
+            device=self.device,
+        )
+        layers = _attention_layers(model)
+        self.cache = torch.zeros(
+            len(layers), num_pages, page_size, self.latent + self.rope_dim, device=self.device, dtype=self.dtype
+        )
+        self.pages = PageAllocator(num_pages, page_size)
+        self.step, self.graphs, self.logits = None, {}, None
+        self.layers = [(layer, name, getattr(layer, name)) for layer, name in layers]
+        self.paged = [PagedMLAAttention(inner, i, self) for i, (_, _, inner) in enumerate(self.layers)]
+
+    def generate(self, requests, arrivals=None, static_decode=False, cuda_graphs=False):
+        if static_decode or cuda_graphs:
+            raise ValueError("paged_decode: multi-head latent attention decodes in steps of any shape only")
+        return super().generate(requests, arrivals)
+
+    def rope_and_write_latent(self, layer: int, q_pe, k_pe, kv_c):
+        """RoPE on q's rope part [T, heads, rope] and the shared k_pe [T, rope]; [kv_c | k_pe rotated] into the
+        layer's latent pages. Returns the rotated q_pe."""
+        s = self.step
+        cos, sin = cos_sin(s.positions, self.rope_dim, cos_sin_cache=self.table)
+        q_rot = rope_reference(q_pe, cos, sin, self.rope_dim, self.is_neox).to(q_pe.dtype).to(q_pe.device)
+        k_rot = rope_reference(k_pe[:, None], cos, sin, self.rope_dim, self.is_neox)[:, 0].to(k_pe.dtype)
+        page_size = self.pages.page_size
+        self.cache[layer, s.slots // page_size, s.slots % page_size] = torch.cat([kv_c, k_rot.to(kv_c.device)], -1)
+        return q_rot
+
+    def attend_latent(self, layer: int, m, q_nope, q_rot) -> torch.Tensor:
+        """Each request's new queries over its latent pages: k_nope and v up-projected by the layer's kv_b_proj,
+        the shared rotated k_pe beside k_nope in every head; [T, heads, v_head_dim]."""
+        heads, nope = q_nope.shape[1], q_nope.shape[2]
+        out = q_nope.new_empty(q_nope.shape[0], heads, m.v_head_dim)
+        for req, start, count, context in self.step.segments:
+            latent = self.cache[layer, torch.tensor(self.pages.pages[req.rid], device=self.device)]
+            latent = latent.reshape(-1, latent.shape[-1])[:context]
+            kv_c, k_pe = latent.split([self.latent, self.rope_dim], dim=-1)
+            kv = m.kv_b_proj(kv_c).view(context, heads, nope + m.v_head_dim)
+            k_nope, v = kv.split([nope, m.v_head_dim], dim=-1)
+            k = torch.cat([k_nope, k_pe[:, None].expand(context, heads, self.rope_dim)], dim=-1)
+            q = torch.cat([q_nope[start : start + count], q_rot[start : start + count]], dim=-1)
+            mask = (
+                torch.arange(context, device=self.device)[None, :]
+                <= (context - count + torch.arange(count, device=self.device))[:, None]
+            )
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                attn_mask=mask,
+                scale=m.scaling,
+            )
+            out[start : start + count] = o[0].transpose(0, 1)
+        return out
+
+
+def make_engine(model, **kw) -> PagedEngine:
+    """The loop for the model's attention: multi-head latent (DeepSeek-V3) or the usual q, k, v."""
+    return (PagedMLAEngine if model.config.model_type == "deepseek_v3" else PagedEngine)(model, **kw)
+
+
+class PagedMLAAttention(torch.nn.Module):
+    """A DeepSeek-V3 attention layer on the engine's latent pages (its own weights)."""
+
+    def __init__(self, inner, layer: int, engine: PagedMLAEngine):
+        super().__init__()
+        self.inner, self.layer = inner, layer
+        self.__dict__["engine"] = engine  # not a submodule
+
+    def forward(self, hidden_states, *args, **kwargs):
+        m, e = self.inner, self.engine
+        x = hidden_states[0]  # [T, hidden]
+        T = x.shape[0]
+        q = m.q_proj(x) if m.q_lora_rank is None else m.q_b_proj(m.q_a_layernorm(m.q_a_proj(x)))
+        q_nope, q_pe = q.view(T, -1, m.qk_head_dim).split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
+        kv_c, k_pe = m.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
+        q_rot = e.rope_and_write_latent(self.layer, q_pe, k_pe, m.kv_a_layernorm(kv_c))
+        out = e.attend_latent(self.layer, m, q_nope, q_rot)
+        return m.o_proj(out.reshape(1, T, -1)), None
+
+
 # ---------------------------------------------------------------- small models
 
 
@@ -525,6 +636,35 @@ def small_model(family: str, dtype=torch.float32, device="cuda", seed=0, layers=
             n_embd=1024, n_head=8, rotary_dim=64, n_layer=layers, vocab_size=1000, n_positions=4096, **no_special
         )
         model = transformers.GPTJForCausalLM(config)
+    elif family == "deepseek_v3":  # MLA at DeepSeek-V3's per-head geometry, YaRN with its mscale, dense layers
+        config = transformers.DeepseekV3Config(
+            hidden_size=1024,
+            intermediate_size=1536,
+            moe_intermediate_size=256,
+            num_hidden_layers=layers,
+            first_k_dense_replace=layers,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            q_lora_rank=256,
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+            vocab_size=1000,
+            max_position_embeddings=163840,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 40.0,
+                "original_max_position_embeddings": 4096,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+            **no_special,
+        )
+        model = transformers.DeepseekV3ForCausalLM(config)
     elif family in VL_MODELS:  # a small vision tower (patches of 4 x 4 pixels)
         vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, patch_size=4, out_hidden_size=1024)
         tokens = dict(image_token_id=990, video_token_id=991, vision_start_token_id=992, vision_end_token_id=993)

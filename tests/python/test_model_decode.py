@@ -86,6 +86,24 @@ def test_a_wrong_mrope_axis_changes_the_image_requests_tokens(family):
         assert [got[i] == want[i] for i in range(4)] == [False, True, False, True], wrong
 
 
+def test_mla_latent_cache_loop_against_transformers_on_the_cpu():
+    """DeepSeek-V3 (MLA at its per-head geometry, YaRN with mscale): the latent cache holds the model's
+    kv_a_layernorm output and the rotated k_pe; attention from it equals generate token for token, and with
+    NeoX pairs instead of DeepSeek's interleaved ones it does not."""
+    pytest.importorskip("transformers")
+    model = pd.small_model("deepseek_v3", torch.float32, "cpu")
+    requests = lambda: pd.make_requests(model, (5, 19, 3, 33), [12, 6, 12, 4], torch.Generator().manual_seed(1))  # noqa: E731
+    want = reference_tokens(copy.deepcopy(model), requests())
+    engine = pd.make_engine(model, page_size=16, num_pages=64, backend="reference")
+    assert engine.cache.shape == (2, 64, 16, 512 + 64)
+    assert engine.generate(requests(), arrivals=[0, 0, 2, 5]) == want
+    assert sorted(engine.pages.free_pages) == list(range(64))
+    control = pd.make_engine(model, page_size=16, num_pages=64, backend="reference")
+    control.is_neox = True
+    got = control.generate(requests(), arrivals=[0, 0, 2, 5])
+    assert got != want
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt_neox", "qwen3_vl"])
 def test_fixed_shape_decode_steps_on_the_cpu(family):
     """Decode steps padded to a bucket, pages to a fixed count, context as a
@@ -120,7 +138,7 @@ def bf16_against_transformers(family, device, backend, new_tokens):
     model = pd.small_model(family, torch.bfloat16, device)
     reference = copy.deepcopy(model)
     requests = lambda: pd.make_requests(model, (5, 19, 3, 33), new_tokens, torch.Generator().manual_seed(1))  # noqa: E731
-    engine = pd.PagedEngine(model, page_size=16, num_pages=64, backend=backend)
+    engine = pd.make_engine(model, page_size=16, num_pages=64, backend=backend)
     engine.logits = {}
     got = engine.generate(requests(), arrivals=[0, 0, 2, 5])
     agree = worst = 0.0
@@ -175,7 +193,7 @@ def bf16_tolerance(family):
     return BF16_LOGIT_TOLERANCE_VL if family in pd.VL_MODELS else BF16_LOGIT_TOLERANCE
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen2_5_vl", "deepseek_v3"])
 def test_bf16_logits_of_the_loop_on_the_cpu(family):
     agree, worst = bf16_against_transformers(family, "cpu", "reference", 12)
     assert worst <= bf16_tolerance(family)
