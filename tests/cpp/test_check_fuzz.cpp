@@ -171,7 +171,7 @@ bool number_after(const std::string& m, const std::string& prefix, int64_t floor
 
 bool starts(const std::string& m, const char* prefix) { return m.rfind(prefix, 0) == 0; }
 
-// docs/contract.md, rope_pool_fused's checks 1-39.
+// docs/contract.md, rope_pool_fused's checks 1-43 (40, per-token rows, is not reached: positions stay given).
 bool rope_message(const std::string& m) {
   static const char* exact[] = {
       "rope_pool_fused expects q/k/v to be 3-D",
@@ -194,6 +194,8 @@ bool rope_message(const std::string& m) {
       "fp8 pools are supported on CUDA only",
       "q_norm_weight and k_norm_weight must be contiguous",
       "k_pool and v_pool (and q and k with inplace=True) must not overlap q_norm_weight or k_norm_weight",
+      "k_scale and v_scale apply to fp8 pools only, got no pools",
+      "mrope_interleaved=True needs mrope_section",
   };
   for (const char* e : exact)
     if (m == e) return true;
@@ -215,6 +217,8 @@ bool rope_message(const std::string& m) {
       "q_norm_weight and k_norm_weight must be float32 or q's dtype (torch.",
       "norm_eps must be a positive finite number, got ",
       "norm_weight_offset must be finite, got ",
+      "mrope_section must be three non-negative integers summing to rotary_dim / 2 = ",
+      "M-RoPE positions must have shape [3, num_tokens] = [3, ",
   };
   for (const char* p : prefixed)
     if (starts(m, p)) return true;
@@ -302,7 +306,30 @@ std::vector<TensorArg*> rope_tensors(RopePoolArgs& a) {
 // reached with hostile values.
 void mutate_rope_together(Rng& r, RopePoolArgs& a) {
   std::vector<TensorArg*> all = rope_tensors(a);
-  switch (r.below(6)) {
+  switch (r.below(8)) {
+    case 6: {  // M-RoPE: sections (sometimes summing right), positions [3, T] or not, any strides
+      a.has_mrope_section = r.chance(85);
+      a.mrope_interleaved = r.chance(50);
+      const int64_t half = a.rot() / 2;
+      const int64_t h = r.chance(70) ? half / 4 : static_cast<int64_t>(r.below(8));
+      a.mrope_section = {half - 2 * h, h, h};
+      if (r.chance(20)) a.mrope_section.push_back(1);
+      if (r.chance(15)) a.mrope_section[0] = -1;
+      const int64_t T = a.q.ndim > 0 ? a.q.shape[0] : 0;
+      a.positions = make({r.chance(85) ? 3 : 2, r.chance(90) ? T : T + 1}, a.positions.dtype, a.q.device,
+                         {static_cast<int64_t>(r.below(3)) * (T + 1) + 1, static_cast<int64_t>(r.below(3))});
+      break;
+    }
+    case 7: {  // no cache write: v, slots and the pools absent; or strided 1-D indices
+      if (r.chance(50)) {
+        a.has_pool = false;
+        a.v = a.slots = a.k_pool = a.v_pool = TensorArg{};
+      } else {
+        for (TensorArg* t : {&a.positions, &a.slots})
+          if (t->ndim == 1) t->strides[0] = 1 + static_cast<int64_t>(r.below(4));
+      }
+      break;
+    }
     case 0: {  // one device for all
       const Device dev = r.device();
       for (TensorArg* t : all) t->device = dev;
@@ -405,7 +432,7 @@ void mutate_rope_scalars(Rng& r, RopePoolArgs& a) {
 // launch's and the Metal dispatch's); every count must come out positive.
 void plan_rope(const RopePoolArgs& a) {
   const RopePoolParams p = make_rope_pool_params(a, a.q, a.k);
-  CHECK(p.width >= 1 && p.qk_items_per_head >= 1 && p.v_items_per_head >= 1);
+  CHECK(p.width >= 1 && p.qk_items_per_head >= 1 && p.v_items_per_head >= (a.has_pool ? 1 : 0));
   const int64_t items = rope_items_per_token(p);
   CHECK(items >= 1);
   const RopeCudaLaunch launch = plan_rope_cuda_launch(items, p.num_tokens);
