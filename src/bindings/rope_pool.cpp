@@ -213,35 +213,27 @@ nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::han
 
 }  // namespace
 
+// The op's arguments in the extension's order (RopeArgs.for_extension), every one accepting None so that the checks
+// above, not nanobind, report a wrong type.
+#define ATTNPREP_ROPE_ARGS                                                                                             \
+  nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("positions").none(), nb::arg("slots").none(), \
+      nb::arg("k_pool").none(), nb::arg("v_pool").none(), nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(),  \
+      nb::arg("num_kv_heads").none(), nb::arg("rope_base").none(), nb::arg("rotary_dim").none(),                       \
+      nb::arg("is_neox").none(), nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(),                           \
+      nb::arg("k_scale").none(), nb::arg("v_scale").none(), nb::arg("kv_layout").none(),                               \
+      nb::arg("q_norm_weight").none(), nb::arg("k_norm_weight").none(), nb::arg("norm_eps").none(),                    \
+      nb::arg("norm_weight_offset").none(), nb::arg("mrope_section").none(), nb::arg("mrope_interleaved").none()
+
 void init_rope_pool(nb::module_& m) {
-  m.def("rope_pool_fused", &rope_pool_fused, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
-        nb::arg("positions").none(), nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
-        nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(), nb::arg("num_kv_heads").none(),
-        nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
-        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(),
-        nb::arg("v_scale").none(), nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(),
-        nb::arg("k_norm_weight").none(), nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(),
-        nb::arg("mrope_section").none(), nb::arg("mrope_interleaved").none(),
+  m.def("rope_pool_fused", &rope_pool_fused, ATTNPREP_ROPE_ARGS,
         "Fused RoPE on q and k plus KV-pool scatter; returns (q_rot, k_rot, k_pool, v_pool), or None after "
         "the checks for MPS tensors (dispatched through torch).");
-  m.def("rope_pool_check", &rope_pool_check, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
-        nb::arg("positions").none(), nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
-        nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(), nb::arg("num_kv_heads").none(),
-        nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
-        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(),
-        nb::arg("v_scale").none(), nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(),
-        nb::arg("k_norm_weight").none(), nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(),
-        nb::arg("mrope_section").none(), nb::arg("mrope_interleaved").none(), nb::arg("metadata_only") = false,
+  m.def("rope_pool_check", &rope_pool_check, ATTNPREP_ROPE_ARGS, nb::arg("metadata_only") = false,
         "Runs rope_pool_fused's checks only (ValueError on failure).");
-  m.def("rope_pool_metal_plan", &rope_pool_metal_plan, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(),
-        nb::arg("positions").none(), nb::arg("slots").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
-        nb::arg("head_dim").none(), nb::arg("num_qo_heads").none(), nb::arg("num_kv_heads").none(),
-        nb::arg("rope_base").none(), nb::arg("rotary_dim").none(), nb::arg("is_neox").none(),
-        nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(), nb::arg("k_scale").none(),
-        nb::arg("v_scale").none(), nb::arg("kv_layout").none(), nb::arg("q_norm_weight").none(),
-        nb::arg("k_norm_weight").none(), nb::arg("norm_eps").none(), nb::arg("norm_weight_offset").none(),
-        nb::arg("mrope_section").none(), nb::arg("mrope_interleaved").none(), nb::arg("q_rot").none(),
+  m.def("rope_pool_metal_plan", &rope_pool_metal_plan, ATTNPREP_ROPE_ARGS, nb::arg("q_rot").none(),
         nb::arg("k_rot").none(), "(RopePoolParams bytes, threadgroups, threads per group) of the Metal kernel.");
 }
+
+#undef ATTNPREP_ROPE_ARGS
 
 }  // namespace attnprep::bindings

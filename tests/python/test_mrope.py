@@ -9,6 +9,7 @@ import attnprep
 import pytest
 import torch
 from attnprep.testing import cos_sin, mrope_axes, mrope_cos_sin_rows, rope_error_ratio, rope_reference
+from conftest import rope_schema_args
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -258,8 +259,6 @@ def test_opcheck():
     positions = vl_positions(T, 50, seed=11)
     slots = torch.randperm(21, device="cuda")[:T]
     pools = [torch.zeros(21, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2)]
-    kw = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4, rotary_dim=None, is_neox=True)
-    kw.update(cos_sin_cache=table, k_scale=None, v_scale=None, kv_layout="NHD", q_norm_weight=None)
-    kw.update(k_norm_weight=None, norm_eps=1e-6, norm_weight_offset=0.0, mrope_section=[8, 12, 12])
-    args = attnprep._ops.RopeArgs(q, k, v, positions, slots, *pools, **kw, mrope_interleaved=True)
-    torch.library.opcheck(torch.ops.attnprep.rope_pool_fused.default, (*args, False))
+    mrope = dict(cos_sin_cache=table, mrope_section=[8, 12, 12], mrope_interleaved=True)
+    args = rope_schema_args(q, k, v, positions, slots, *pools, **mrope)
+    torch.library.opcheck(torch.ops.attnprep.rope_pool_fused.default, args)

@@ -9,7 +9,7 @@ import attnprep
 import pytest
 import torch
 from attnprep.testing import cos_sin, pool_write_reference, rms_norm_reference, rope_error_ratio, rope_reference
-from conftest import poison_like, requires_cuda, same_bits
+from conftest import poison_like, requires_cuda, rope_schema_args, same_bits
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 KW = dict(head_dim=64, num_qo_heads=8, num_kv_heads=2, rope_base=1e4)
@@ -634,32 +634,8 @@ def test_opcheck():
     q, k, v, positions, slots, wq, wk = case(9, 8, 2, 64, torch.float16, w_dtype=torch.float16)
     k_pool = torch.zeros(21, 2, 64, device="cuda", dtype=torch.float16)
     v_pool = torch.zeros_like(k_pool)
-    args = (
-        q,
-        k,
-        v,
-        positions,
-        slots,
-        k_pool,
-        v_pool,
-        64,
-        8,
-        2,
-        1e4,
-        None,
-        True,
-        None,
-        None,
-        None,
-        "NHD",
-        wq,
-        wk,
-        1e-6,
-        1.0,
-        None,  # mrope_section
-        False,  # mrope_interleaved
-        False,
-    )
+    norm = dict(q_norm_weight=wq, k_norm_weight=wk, norm_weight_offset=1.0)
+    args = rope_schema_args(q, k, v, positions, slots, k_pool, v_pool, **norm)
     torch.library.opcheck(torch.ops.attnprep.rope_pool_fused.default, args)
 
 

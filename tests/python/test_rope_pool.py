@@ -11,7 +11,7 @@ import pytest
 import torch
 from attnprep import rope_pool_fused
 from attnprep.testing import cos_sin, rope_error_ratio, rope_reference
-from conftest import poison_like, same_bits
+from conftest import poison_like, rope_schema_args, same_bits
 
 DEVICES = [
     d
@@ -786,57 +786,7 @@ def test_torch_compile(inplace):
 def test_opcheck():
     q, k, v, positions, slots, k_pool, v_pool = make_case("cuda", 9, 8, 2, 64, torch.float16)
     for rotary_dim, check_slots in [(None, False), (32, True)]:
-        args = (
-            q,
-            k,
-            v,
-            positions,
-            slots,
-            k_pool,
-            v_pool,
-            64,
-            8,
-            2,
-            1e4,
-            rotary_dim,
-            True,
-            None,
-            None,
-            None,
-            "NHD",
-            None,
-            None,
-            1e-6,
-            0.0,
-            None,  # mrope_section
-            False,  # mrope_interleaved
-            check_slots,
-        )
+        args = rope_schema_args(q, k, v, positions, slots, k_pool, v_pool, check_slots, rotary_dim=rotary_dim)
         torch.library.opcheck(torch.ops.attnprep.rope_pool_fused.default, args)
-    args = (
-        q.clone(),
-        k.clone(),
-        v,
-        positions,
-        slots,
-        k_pool,
-        v_pool,
-        64,
-        8,
-        2,
-        1e4,
-        None,
-        True,
-        None,
-        None,
-        None,
-        "NHD",
-        None,
-        None,
-        1e-6,
-        0.0,
-        None,  # mrope_section
-        False,  # mrope_interleaved
-        False,
-    )
+    args = rope_schema_args(q.clone(), k.clone(), v, positions, slots, k_pool, v_pool)
     torch.library.opcheck(torch.ops.attnprep.rope_pool_fused_inplace.default, args)
