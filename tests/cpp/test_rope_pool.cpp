@@ -11,6 +11,7 @@
 #include "check.h"
 #include "core/angle_sincos.h"
 #include "core/errors.h"
+#include "core/qk_norm_rope.h"
 #include "core/rope_pool.h"
 #include "core/token_rms_norm.h"
 #include "cpu/float_bits.h"
@@ -407,6 +408,26 @@ TEST_CASE("no cache write: v, slots and pools absent together, no v items, every
   shapes.k = make({4, 2, 32});
   CHECK_THROWS_MSG(ValueError, check_rope_pool(shapes),
                    "k shape must be [num_tokens, num_kv_heads, head_dim], got torch.Size([4, 2, 32])");
+}
+
+TEST_CASE("qk_norm_rope's own checks: ranks, leading dimensions, positions") {
+  const TensorArg q = make({2, 5, 4, 64}), k = make({2, 5, 2, 64}), p = make({2, 5}, DType::Int64);
+  check_qk_norm_rope(q, k, nullptr, false);
+  check_qk_norm_rope(q, k, &p, false);
+  const TensorArg p3 = make({3, 2, 5}, DType::Int64);
+  check_qk_norm_rope(q, k, &p3, true);
+  check_qk_norm_rope(make({7, 4, 64}), make({7, 2, 64}), nullptr, false);
+  CHECK_THROWS_MSG(ValueError, check_qk_norm_rope(make({4, 64}), make({5, 2, 64}), nullptr, false),
+                   "qk_norm_rope expects q and k of [T, heads, head_dim] or [B, S, heads, head_dim], got "
+                   "torch.Size([4, 64]) and torch.Size([5, 2, 64])");
+  CHECK_THROWS_MSG(ValueError, check_qk_norm_rope(q, make({2, 4, 2, 64}), nullptr, false),
+                   "qk_norm_rope expects q and k with the same leading dimensions, got torch.Size([2, 5, 4, 64]) and "
+                   "torch.Size([2, 4, 2, 64])");
+  CHECK_THROWS_MSG(ValueError, check_qk_norm_rope(q, k, &p, true),
+                   "qk_norm_rope expects positions of shape [3, 2, 5], got torch.Size([2, 5])");
+  const TensorArg flat = make({10}, DType::Int64);
+  CHECK_THROWS_MSG(ValueError, check_qk_norm_rope(q, k, &flat, false),
+                   "qk_norm_rope expects positions of shape [2, 5], got torch.Size([10])");
 }
 
 TEST_CASE("qk_norm_rope's per-token norm: its checks in order, its parameters") {

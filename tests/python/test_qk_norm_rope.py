@@ -51,6 +51,9 @@ def test_shapes_are_checked_first():
     with pytest.raises(TypeError) as e:
         attnprep.qk_norm_rope([1], torch.empty(1))
     assert str(e.value) == "q must be a torch.Tensor, got list"
+    with pytest.raises(TypeError) as e:
+        attnprep.qk_norm_rope(torch.empty(2, 3, 4), torch.empty(2, 3, 4), [0, 1])
+    assert str(e.value) == "positions must be a torch.Tensor, got list"
 
 
 def test_rope_pool_fused_writes_the_whole_cache_or_none_of_it():

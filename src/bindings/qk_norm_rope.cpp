@@ -1,7 +1,9 @@
-// Python binding of qk_norm_rope's per-token QK norm (core/token_rms_norm.h); python/attnprep/qk_norm_rope.py calls it.
-#include "core/token_rms_norm.h"
+// Python bindings of qk_norm_rope's own checks (core/qk_norm_rope.h) and its per-token QK norm
+// (core/token_rms_norm.h); python/attnprep/qk_norm_rope.py calls them.
+#include "core/qk_norm_rope.h"
 #include "bindings/cuda_launch.h"
 #include "bindings/tensor_import.h"
+#include "core/token_rms_norm.h"
 
 #if ATTNPREP_WITH_CUDA
 #include "cuda/token_rms_norm.h"
@@ -11,6 +13,14 @@ namespace attnprep::bindings {
 namespace {
 
 constexpr const char* kOp = "qk_norm_rope";
+
+// qk_norm_rope's own checks, on metadata alone (fake tensors too).
+void check_qk_norm_rope(nb::handle q, nb::handle k, nb::handle positions, bool mrope) {
+  const ImportedTensor tq = import_metadata(q, "q"), tk = import_metadata(k, "k");
+  ImportedTensor tp;
+  if (!positions.is_none()) tp = import_metadata(positions, "positions");
+  core::check_qk_norm_rope(tq.arg, tk.arg, positions.is_none() ? nullptr : &tp.arg, mrope);
+}
 
 // Checks (on metadata alone when `metadata_only`: the fake kernel's half), then launches unless metadata_only.
 void qk_token_rms_norm(nb::handle x, nb::handle weight, nb::handle eps, nb::handle offset, nb::handle out,
@@ -48,7 +58,9 @@ nb::tuple qk_token_rms_norm_metal_plan(nb::handle x, nb::handle weight, nb::hand
 
 }  // namespace
 
-void init_token_rms_norm(nb::module_& m) {
+void init_qk_norm_rope(nb::module_& m) {
+  m.def("_check_qk_norm_rope", &check_qk_norm_rope, nb::arg("q").none(), nb::arg("k").none(),
+        nb::arg("positions").none(), nb::arg("mrope"), "Internal: qk_norm_rope's own checks (ValueError).");
   m.def("_qk_token_rms_norm", &qk_token_rms_norm, nb::arg("x").none(), nb::arg("weight").none(), nb::arg("eps").none(),
         nb::arg("offset").none(), nb::arg("out").none(), nb::arg("metadata_only") = false,
         "Internal (qk_norm_rope): the per-token QK norm of x [T, heads, head_dim] into out (x itself in place).");
