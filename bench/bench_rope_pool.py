@@ -74,6 +74,19 @@ CACHE_COLUMNS = ["cos_sin_cache us", "% of copy, cache", "graph replay, cache us
 TRITON_COLUMNS = ["Triton us", "Triton % of copy, cache", "Triton graph us", "Triton warps"]
 
 
+def op_and_copy_calls(sets, k_pool, v_pool, kw, nbytes, T) -> dict:
+    """attnprep's calls over the sets (positions and the table built from rope_base, and cos_sin_cache), and the
+    copies of the same bytes (and of the table rows read)."""
+    return {
+        "op": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
+        "op+cache": [
+            lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=cos_sin_cache()) for s in sets
+        ],
+        "copy": common.copy_fns(nbytes // 2),
+        "copy+cache": cache_copy_fns(nbytes, T),
+    }
+
+
 def triton_calls(sets, k_pool, v_pool, check, norm=()):
     """The Triton peer's calls over the sets (bench/peers.py; cos/sin from cos_sin_cache, flat pools), each
     checked first on this data against attnprep's `check(s, cache)` (q_rot, k_rot) within a bf16 ulp or two;
@@ -456,15 +469,7 @@ def run_formats(quick: bool = False, with_peers: bool = True, ts=None):
             # q, k, v, positions, slots read once; q_rot, k_rot written; pool rows written at the pool's size
             nbytes = T * ((HQ + 2 * HKV) * D * 2 + 16) + T * (HQ + HKV) * D * 2 + T * 2 * HKV * D * pool_bytes
             sets = [case(T, g) for _ in range(common.sets_needed(nbytes))]
-            calls = {
-                "op": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
-                "op+cache": [
-                    lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=cos_sin_cache())
-                    for s in sets
-                ],
-                "copy": common.copy_fns(nbytes // 2),
-                "copy+cache": cache_copy_fns(nbytes, T),
-            }
+            calls = op_and_copy_calls(sets, k_pool, v_pool, kw, nbytes, T)
             compiled = {}
             if with_peers:
                 ks, vs = scales.get("k_scale"), scales.get("v_scale")
@@ -554,15 +559,7 @@ def run(quick: bool = False, ts=None, with_peers: bool = True):
             ref_q = torch_rope(s[0], s[1], s[3], freqs)[0]
             err = ((q_rot.float() - ref_q.float()).abs().max() / ref_q.float().abs().max()).item()
             assert err < 2e-2, f"q_rot differs from the plain-PyTorch composition by {err}"
-        calls = {
-            "op": [lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw) for s in sets],
-            "op+cache": [
-                lambda s=s: attnprep.rope_pool_fused(*s, k_pool, v_pool, **kw, cos_sin_cache=cos_sin_cache())
-                for s in sets
-            ],
-            "copy": common.copy_fns(nbytes // 2),
-            "copy+cache": cache_copy_fns(nbytes, T),
-        }
+        calls = op_and_copy_calls(sets, k_pool, v_pool, kw, nbytes, T)
         if with_peers:
             compiled = peers.compiled_static(torch_rope_pool, *sets[0], k_pool, v_pool, freqs)
             calls["eager"] = [lambda s=s: torch_rope_pool(*s, k_pool, v_pool, freqs) for s in sets]

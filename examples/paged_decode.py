@@ -620,16 +620,8 @@ def small_model(family: str, dtype=torch.float32, device="cuda", seed=0, layers=
         config = transformers.Qwen3Config(**text, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
         model = transformers.Qwen3ForCausalLM(config)
     elif family == "gpt_neox":  # rotary over a quarter of each head
-        config = transformers.GPTNeoXConfig(
-            hidden_size=1024,
-            intermediate_size=1536,
-            num_hidden_layers=layers,
-            num_attention_heads=8,
-            vocab_size=1000,
-            max_position_embeddings=4096,
-            rotary_pct=0.25,
-            **no_special,
-        )
+        mha = {k: v for k, v in text.items() if k not in ("num_key_value_heads", "head_dim")}
+        config = transformers.GPTNeoXConfig(**mha, rotary_pct=0.25)
         model = transformers.GPTNeoXForCausalLM(config)
     elif family == "gptj":  # GPT-J pairs over the first 64 of 128 elements
         config = transformers.GPTJConfig(

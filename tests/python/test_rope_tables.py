@@ -306,16 +306,8 @@ def test_deepseek_v3_yarn_table_bit_for_bit():
     transformers = pytest.importorskip("transformers")
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
 
-    rope = {
-        "rope_type": "yarn",
-        "rope_theta": 10000.0,
-        "factor": 40.0,
-        "original_max_position_embeddings": 4096,
-        "beta_fast": 32,
-        "beta_slow": 1,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-    }
+    base, scaling, _ = SCHEMES["yarn_mscale"]  # DeepSeek-V3's: factor 40 over 4096, mscale 1 on all dims
+    rope = dict(scaling, rope_theta=base)
     config = transformers.DeepseekV3Config(
         hidden_size=256,
         intermediate_size=256,
@@ -334,6 +326,5 @@ def test_deepseek_v3_yarn_table_bit_for_bit():
     )
     positions = torch.tensor([0, 1, 17, 4095, 4096, 8191, 16383])
     cos, sin = DeepseekV3RotaryEmbedding(config)(torch.zeros(1, positions.numel(), 64), positions[None])
-    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
-    table = attnprep.rope_cos_sin_cache(64, 16384, 10000.0, scaling=scaling, max_position_embeddings=163840)
+    table = attnprep.rope_cos_sin_cache(64, 16384, base, scaling=scaling, max_position_embeddings=163840)
     assert torch.equal(table[positions, :32], cos[0, :, :32]) and torch.equal(table[positions, 32:], sin[0, :, :32])
