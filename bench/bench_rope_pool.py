@@ -444,12 +444,25 @@ def run_mrope(quick: bool = False, with_peers: bool = True, ts=None):
 
 
 # (pool dtype, layout, page size) of the KV-format table
+# (pool dtype, layout, page size, q_rot in fp8 with q_scale)
 FORMATS = [
-    (torch.bfloat16, "NHD", 16),
-    (torch.float8_e4m3fn, "NHD", 16),
-    (torch.bfloat16, "HND", 64),
-    (torch.float8_e4m3fn, "HND", 64),
+    (torch.bfloat16, "NHD", 16, False),
+    (torch.float8_e4m3fn, "NHD", 16, False),
+    (torch.float8_e4m3fn, "NHD", 16, True),
+    (torch.bfloat16, "HND", 64, False),
+    (torch.float8_e4m3fn, "HND", 64, False),
 ]
+Q_SCALE = 0.25
+
+
+def with_fp8_q(fn):
+    """A paged peer that also returns q_rot in fp8 (``q_rot / q_scale``, saturated), as attnprep's ``q_scale``."""
+
+    def peer(*args):
+        q_rot, k_rot = fn(*args)
+        return (q_rot.float() / Q_SCALE).clamp(-448, 448).to(torch.float8_e4m3fn), k_rot
+
+    return peer
 
 
 def run_formats(quick: bool = False, with_peers: bool = True, ts=None):
@@ -457,17 +470,20 @@ def run_formats(quick: bool = False, with_peers: bool = True, ts=None):
     g = torch.Generator(device="cuda").manual_seed(1)
     freqs = inv_freq()
     rows = []
-    for pool_dtype, layout, page in FORMATS:
+    for pool_dtype, layout, page, fp8_q in FORMATS:
         shape = (POOL // page, page, HKV, D) if layout == "NHD" else (POOL // page, HKV, page, D)
         k_pool = torch.zeros(shape, device="cuda", dtype=pool_dtype)
         v_pool = torch.zeros_like(k_pool)
         fp8 = pool_dtype != torch.bfloat16
         scales = dict(k_scale=torch.tensor(0.5, device="cuda"), v_scale=torch.tensor(2.0, device="cuda")) if fp8 else {}
+        if fp8_q:
+            scales["q_scale"] = torch.tensor(Q_SCALE, device="cuda")
         kw = dict(head_dim=D, num_qo_heads=HQ, num_kv_heads=HKV, rope_base=BASE, kv_layout=layout, **scales)
-        pool_bytes = 1 if fp8 else 2
+        pool_bytes, q_rot_bytes = (1 if fp8 else 2), (1 if fp8_q else 2)
         for T in ts or ([128, 8192] if quick else [128, 2048, 8192]):
             # q, k, v, positions, slots read once; q_rot, k_rot written; pool rows written at the pool's size
-            nbytes = T * ((HQ + 2 * HKV) * D * 2 + 16) + T * (HQ + HKV) * D * 2 + T * 2 * HKV * D * pool_bytes
+            written = T * (HQ * q_rot_bytes + HKV * 2) * D + T * 2 * HKV * D * pool_bytes
+            nbytes = T * ((HQ + 2 * HKV) * D * 2 + 16) + written
             sets = [case(T, g) for _ in range(common.sets_needed(nbytes))]
             calls = op_and_copy_calls(sets, k_pool, v_pool, kw, nbytes, T)
             compiled = {}
@@ -475,7 +491,7 @@ def run_formats(quick: bool = False, with_peers: bool = True, ts=None):
                 ks, vs = scales.get("k_scale"), scales.get("v_scale")
                 args = (k_pool, v_pool, freqs, layout, page, ks, vs)
                 for name, fn in PAGED_PEERS.items():
-                    comp = peers.compiled_static(fn, *sets[0], *args)
+                    comp = peers.compiled_static(with_fp8_q(fn) if fp8_q else fn, *sets[0], *args)
                     for s in sets:  # each formulation writes the pool rows attnprep writes (its own cos/sin
                         # may round a k_rot element the other way: within a bf16 ulp, or one of fp8 once quantized)
                         pg, off = s[4] // page, s[4] % page
@@ -513,7 +529,7 @@ def run_formats(quick: bool = False, with_peers: bool = True, ts=None):
             )
             rows.append(
                 [
-                    f"{str(pool_dtype).replace('torch.', '')} {layout} page {page}",
+                    f"{str(pool_dtype).replace('torch.', '')} {layout} page {page}" + (", fp8 q" if fp8_q else ""),
                     T,
                     t * 1e3,
                     100 * tcopy / t,

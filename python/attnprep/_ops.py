@@ -35,7 +35,7 @@ _ROPE_ARGS = (
     "int num_qo_heads, int num_kv_heads, float rope_base, int? rotary_dim, bool is_neox, "
     "Tensor? cos_sin_cache, Tensor? k_scale, Tensor? v_scale, str kv_layout, Tensor? q_norm_weight, "
     "Tensor? k_norm_weight, float norm_eps, float norm_weight_offset, int[]? mrope_section, "
-    "bool mrope_interleaved, bool check_slots"
+    "bool mrope_interleaved, Tensor? q_scale, bool check_slots"
 )
 _lib.define("pack_qkv_destination_major(Tensor q, Tensor k, Tensor v, int world_size) -> Tensor")
 _lib.define("pack_qkv_destination_major_out(Tensor q, Tensor k, Tensor v, int world_size, Tensor(a!) out) -> ()")
@@ -120,6 +120,7 @@ class RopeArgs(NamedTuple):
     norm_weight_offset: float
     mrope_section: Optional[Sequence[int]]
     mrope_interleaved: bool
+    q_scale: Optional[Tensor] = None
 
     def for_extension(self, inplace) -> tuple:
         """The extension's positional order: ``inplace`` follows cos_sin_cache."""
@@ -180,7 +181,8 @@ def _rope_check_fake(inplace, *schema_args):
 
 def _rope_fake(q, k, *rest):
     _rope_check_fake(False, q, k, *rest)
-    return q.new_empty(q.shape), k.new_empty(k.shape)
+    fp8_q = RopeArgs(q, k, *rest[:-1]).q_scale is not None
+    return q.new_empty(q.shape, dtype=torch.float8_e4m3fn if fp8_q else q.dtype), k.new_empty(k.shape)
 
 
 def _rope_inplace_fake(*args):

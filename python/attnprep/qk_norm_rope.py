@@ -34,7 +34,8 @@ def _per_token(weight, x: Tensor) -> bool:
 
 def _rotate(q: Tensor, k: Tensor, positions, inplace: bool, kw: dict) -> Tuple[Tensor, Tensor]:
     """[T, H, D] q and k through rope_pool_fused without a cache; a per-token norm runs first, into the outputs
-    (after every check of both steps: nothing is written on an error), and the rotation then in place."""
+    (after every check of both steps: nothing is written on an error), and the rotation then in place (out of
+    place into a new fp8 q_rot with ``q_scale``)."""
     per_q, per_k = _per_token(kw["q_norm_weight"], q), _per_token(kw["k_norm_weight"], k)
     if not (per_q or per_k):
         q_rot, k_rot, _, _ = rope_pool_fused(q, k, None, positions, None, None, None, inplace=inplace, **kw)
@@ -45,25 +46,28 @@ def _rotate(q: Tensor, k: Tensor, positions, inplace: bool, kw: dict) -> Tuple[T
     if per_k:
         head_kw["k_norm_weight"] = None
     eps, offset = kw["norm_eps"], kw["norm_weight_offset"]
+    rope_inplace = inplace or kw["q_scale"] is None
     if not torch.compiler.is_compiling():  # a traced call meets the same checks in the ops' fake kernels
         metadata_only = not direct(q, k)
         args = _ops.RopeArgs(
             q, k, None, positions, None, None, None, k_scale=None, v_scale=None, kv_layout="NHD", **head_kw
         )
-        _C.rope_pool_check(*args.for_extension(True), metadata_only=metadata_only)
+        _C.rope_pool_check(*args.for_extension(rope_inplace), metadata_only=metadata_only)
         for per, x, w in ((per_q, q, kw["q_norm_weight"]), (per_k, k, kw["k_norm_weight"])):
             if per:
                 _C._qk_token_rms_norm(x, w, eps, offset, x, metadata_only=True)
     outs = []
     for per, x, w in ((per_q, q, kw["q_norm_weight"]), (per_k, k, kw["k_norm_weight"])):
-        out = x if inplace else torch.empty_like(x)
+        out = x if inplace or not (per or rope_inplace) else torch.empty_like(x)
         if per:
             torch.ops.attnprep._qk_token_rms_norm(x, w, eps, offset, out)
-        elif not inplace:  # rotated in place below, with its per-head norm
+        elif out is not x:  # rotated in place below, with its per-head norm
             out.copy_(x)
         outs.append(out)
-    rope_pool_fused(outs[0], outs[1], None, positions, None, None, None, inplace=True, **head_kw)
-    return outs[0], outs[1]
+    q_rot, k_rot, _, _ = rope_pool_fused(
+        outs[0], outs[1], None, positions, None, None, None, inplace=rope_inplace, **head_kw
+    )
+    return q_rot, k_rot
 
 
 def qk_norm_rope(
@@ -82,6 +86,7 @@ def qk_norm_rope(
     inplace: bool = False,
     mrope_section: Optional[Sequence[int]] = None,
     mrope_interleaved: bool = False,
+    q_scale: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """RoPE on q and k after an optional RMSNorm, with no KV cache: :func:`rope_pool_fused` without
     ``v``, slots or pools, for ``[T, heads, head_dim]`` or batched ``[B, S, heads, head_dim]`` tensors.
@@ -104,6 +109,8 @@ def qk_norm_rope(
         own before the rotation).
     mrope_section, mrope_interleaved : optional
         M-RoPE, as :func:`rope_pool_fused` takes it.
+    q_scale : torch.Tensor, optional
+        fp8 q, as :func:`rope_pool_fused` takes it: q_rot is float8_e4m3fn (CUDA, not in place).
     inplace : bool
         Write the results into ``q`` and ``k``.
 
@@ -149,6 +156,7 @@ def qk_norm_rope(
         norm_weight_offset=norm_weight_offset,
         mrope_section=mrope_section,
         mrope_interleaved=mrope_interleaved,
+        q_scale=q_scale,
     )
     if q.dim() == 3:
         return _rotate(q, k, positions, inplace, kw)
@@ -173,4 +181,11 @@ def qk_norm_rope(
         outs.append(_rotate(q[b], k[b], at, inplace, dict(kw, cos_sin_cache=table)))
     if inplace:
         return q, k
-    return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+    return _stack([o[0] for o in outs]), _stack([o[1] for o in outs])
+
+
+def _stack(parts) -> Tensor:
+    """torch.stack, also of float8 tensors (stacked as their bytes)."""
+    if parts[0].dtype != torch.float8_e4m3fn:
+        return torch.stack(parts)
+    return torch.stack([p.view(torch.uint8) for p in parts]).view(torch.float8_e4m3fn)

@@ -40,6 +40,7 @@ def rope_pool_fused(
     norm_weight_offset: float = 0.0,
     mrope_section: Optional[Sequence[int]] = None,
     mrope_interleaved: bool = False,
+    q_scale: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """RoPE on q and k (after an optional per-head RMSNorm) and the KV-cache write, one launch.
 
@@ -114,6 +115,10 @@ def rope_pool_fused(
     mrope_interleaved : bool
         The sections' frequencies interleaved (Qwen3-VL) instead of
         consecutive (Qwen2-VL, Qwen2.5-VL).
+    q_scale : torch.Tensor, optional
+        float32 on the device, one value (``[]`` or ``[1]``): q_rot is
+        float8_e4m3fn holding ``q_rot / q_scale`` rounded to nearest even and
+        saturated (fp8 attention kernels; CUDA, not in place).
 
     Returns
     -------
@@ -170,12 +175,27 @@ def rope_pool_fused(
         norm_weight_offset,
         mrope_section,
         mrope_interleaved,
+        q_scale,
     )
     if check_slots is not None and not isinstance(check_slots, bool):
         # raises in its turn: an earlier argument of the wrong type names itself first
         _read_args(a, inplace, check_slots)
     check = _ops.CHECK_SLOTS_ENV if check_slots is None else check_slots
-    if direct(q, k, v, positions, slots, k_pool, v_pool, cos_sin_cache, k_scale, v_scale, q_norm_weight, k_norm_weight):
+    if direct(
+        q,
+        k,
+        v,
+        positions,
+        slots,
+        k_pool,
+        v_pool,
+        cos_sin_cache,
+        k_scale,
+        v_scale,
+        q_norm_weight,
+        k_norm_weight,
+        q_scale,
+    ):
         if check:
             out = _ops.rope_run(_C.rope_pool_fused, inplace, *a, check)
         else:
@@ -225,6 +245,7 @@ def _read_args(a: _ops.RopeArgs, inplace, check_slots=None) -> Tuple[_ops.RopeAr
             raise TypeError(f"{_OP}: mrope_section must be a list or tuple of ints, got {type(mrope_section).__name__}")
         mrope_section = [int_arg(n, _OP, "mrope_section") for n in mrope_section]
     mrope_interleaved = bool_arg(a.mrope_interleaved, _OP, "mrope_interleaved")
+    q_scale = tensor_arg(a.q_scale, "q_scale", optional=True)
     read = a._replace(
         **tensors,
         **ints,
@@ -240,5 +261,6 @@ def _read_args(a: _ops.RopeArgs, inplace, check_slots=None) -> Tuple[_ops.RopeAr
         norm_weight_offset=norm_weight_offset,
         mrope_section=mrope_section,
         mrope_interleaved=mrope_interleaved,
+        q_scale=q_scale,
     )
     return read, inplace

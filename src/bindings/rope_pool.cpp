@@ -15,7 +15,7 @@ namespace {
 constexpr const char* kOp = "rope_pool_fused";
 
 struct Imported {
-  ImportedTensor q, k, v, positions, slots, k_pool, v_pool, cache, k_scale, v_scale, q_norm, k_norm;
+  ImportedTensor q, k, v, positions, slots, k_pool, v_pool, cache, k_scale, v_scale, q_norm, k_norm, q_scale;
   core::RopePoolArgs args;
 };
 
@@ -36,14 +36,14 @@ struct QkNorm {
   nb::handle q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset;
 };
 
-// M-RoPE's optional arguments.
-struct MRope {
-  nb::handle mrope_section, mrope_interleaved;
+// The optional arguments added after the QK norm: M-RoPE's, then fp8 q's.
+struct Later {
+  nb::handle mrope_section, mrope_interleaved, q_scale;
 };
 
 // mrope_section: None, or a list or tuple of ints (their count and values
 // are check_rope_pool's).
-void mrope_arg(const MRope& m, core::RopePoolArgs& a) {
+void mrope_arg(const Later& m, core::RopePoolArgs& a) {
   a.mrope_interleaved = bool_arg(m.mrope_interleaved, kOp, "mrope_interleaved");
   if (m.mrope_section.is_none()) return;
   if (!nb::isinstance<nb::list>(m.mrope_section) && !nb::isinstance<nb::tuple>(m.mrope_section))
@@ -77,7 +77,7 @@ bool import_optional(Import import, nb::handle obj, const char* name, ImportedTe
 // type names itself); check_rope_pool(in.args) validates them.
 Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,
                      nb::handle k_pool, nb::handle v_pool, const Scalars& sc, nb::handle cos_sin_cache,
-                     const KvFormat& kv, const QkNorm& nm, const MRope& mr) {
+                     const KvFormat& kv, const QkNorm& nm, const Later& mr) {
   Imported in;
   core::RopePoolArgs& a = in.args;
   in.q = import(q, "q");
@@ -109,12 +109,13 @@ Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb
   a.norm_eps = float_arg(nm.norm_eps, kOp, "norm_eps");
   a.norm_offset = float_arg(nm.norm_weight_offset, kOp, "norm_weight_offset");
   mrope_arg(mr, a);
+  a.has_q_scale = import_optional(import, mr.q_scale, "q_scale", in.q_scale, a.q_scale);
   return in;
 }
 
 Imported import_and_check(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions,
                           nb::handle slots, nb::handle k_pool, nb::handle v_pool, const Scalars& sc,
-                          nb::handle cos_sin_cache, const KvFormat& kv, const QkNorm& nm, const MRope& mr) {
+                          nb::handle cos_sin_cache, const KvFormat& kv, const QkNorm& nm, const Later& mr) {
   Imported in = import_args(import, q, k, v, positions, slots, k_pool, v_pool, sc, cos_sin_cache, kv, nm, mr);
   core::check_rope_pool(in.args);
   return in;
@@ -128,12 +129,12 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
                            nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale, nb::handle v_scale,
                            nb::handle kv_layout, nb::handle q_norm_weight, nb::handle k_norm_weight,
                            nb::handle norm_eps, nb::handle norm_weight_offset, nb::handle mrope_section,
-                           nb::handle mrope_interleaved) {
+                           nb::handle mrope_interleaved, nb::handle q_scale) {
   Imported in =
       import_args(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
                   {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache,
                   {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset},
-                  {mrope_section, mrope_interleaved});
+                  {mrope_section, mrope_interleaved, q_scale});
   const core::RopePoolArgs& a = in.args;
   if (a.q.device.type == core::DeviceType::MPS) return nb::none();
   core::check_rope_pool(a);
@@ -145,7 +146,7 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
     q_rot = nb::borrow(q);
     k_rot = nb::borrow(k);
   } else {
-    NewTensor nq = new_tensor_like(q, in.q, a.q.shape, 3);
+    NewTensor nq = a.has_q_scale ? new_e4m3_tensor_like(q, in.q, a.q.shape, 3) : new_tensor_like(q, in.q, a.q.shape, 3);
     NewTensor nk = new_tensor_like(k, in.k, a.k.shape, 3);
     q_rot = std::move(nq.tensor);
     k_rot = std::move(nk.tensor);
@@ -169,7 +170,8 @@ nb::object rope_pool_fused(nb::handle q, nb::handle k, nb::handle v, nb::handle 
                                     a.has_k_scale ? static_cast<const float*>(a.k_scale.data) : nullptr,
                                     a.has_v_scale ? static_cast<const float*>(a.v_scale.data) : nullptr,
                                     a.has_q_norm ? a.q_norm_weight.data : nullptr,
-                                    a.has_k_norm ? a.k_norm_weight.data : nullptr};
+                                    a.has_k_norm ? a.k_norm_weight.data : nullptr,
+                                    a.has_q_scale ? static_cast<const float*>(a.q_scale.data) : nullptr};
 #endif
   ATTNPREP_RUN_CUDA("rope_pool_fused", a.q.device, stream, cuda::rope_pool(params, ptrs, a.q.dtype, stream));
   return result;
@@ -183,11 +185,11 @@ void rope_pool_check(nb::handle q, nb::handle k, nb::handle v, nb::handle positi
                      nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale, nb::handle v_scale,
                      nb::handle kv_layout, nb::handle q_norm_weight, nb::handle k_norm_weight, nb::handle norm_eps,
                      nb::handle norm_weight_offset, nb::handle mrope_section, nb::handle mrope_interleaved,
-                     bool metadata_only) {
+                     nb::handle q_scale, bool metadata_only) {
   import_and_check(metadata_only ? import_metadata : import_tensor, q, k, v, positions, slots, k_pool, v_pool,
                    {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache,
                    {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset},
-                   {mrope_section, mrope_interleaved});
+                   {mrope_section, mrope_interleaved, q_scale});
 }
 
 // The Metal dispatch (parameter block as bytes, threadgroups, threads per
@@ -199,12 +201,12 @@ nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::han
                                nb::handle cos_sin_cache, nb::handle inplace, nb::handle k_scale, nb::handle v_scale,
                                nb::handle kv_layout, nb::handle q_norm_weight, nb::handle k_norm_weight,
                                nb::handle norm_eps, nb::handle norm_weight_offset, nb::handle mrope_section,
-                               nb::handle mrope_interleaved, nb::handle q_rot, nb::handle k_rot) {
+                               nb::handle mrope_interleaved, nb::handle q_scale, nb::handle q_rot, nb::handle k_rot) {
   Imported in =
       import_and_check(import_tensor, q, k, v, positions, slots, k_pool, v_pool,
                        {head_dim, num_qo_heads, num_kv_heads, rope_base, rotary_dim, is_neox, inplace}, cos_sin_cache,
                        {k_scale, v_scale, kv_layout}, {q_norm_weight, k_norm_weight, norm_eps, norm_weight_offset},
-                       {mrope_section, mrope_interleaved});
+                       {mrope_section, mrope_interleaved, q_scale});
   const core::TensorArg qo = import_tensor(q_rot, "q_rot").arg, ko = import_tensor(k_rot, "k_rot").arg;
   const core::MetalDispatch d = core::plan_rope_pool_metal(in.args, qo, ko);
   return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(&d.params), sizeof(d.params)), d.threadgroups,
@@ -222,7 +224,8 @@ nb::tuple rope_pool_metal_plan(nb::handle q, nb::handle k, nb::handle v, nb::han
       nb::arg("is_neox").none(), nb::arg("cos_sin_cache").none(), nb::arg("inplace").none(),                           \
       nb::arg("k_scale").none(), nb::arg("v_scale").none(), nb::arg("kv_layout").none(),                               \
       nb::arg("q_norm_weight").none(), nb::arg("k_norm_weight").none(), nb::arg("norm_eps").none(),                    \
-      nb::arg("norm_weight_offset").none(), nb::arg("mrope_section").none(), nb::arg("mrope_interleaved").none()
+      nb::arg("norm_weight_offset").none(), nb::arg("mrope_section").none(), nb::arg("mrope_interleaved").none(),      \
+      nb::arg("q_scale").none()
 
 void init_rope_pool(nb::module_& m) {
   m.def("rope_pool_fused", &rope_pool_fused, ATTNPREP_ROPE_ARGS,

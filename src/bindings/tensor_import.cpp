@@ -391,15 +391,19 @@ void set_error(void* ctx, const char* kind, const char* message) {
 }
 }  // namespace
 
-NewTensor new_tensor_like(nb::handle like_obj, const ImportedTensor& like, const int64_t* shape, int ndim) {
+namespace {
+// A new contiguous tensor on `like`'s device: of DLPack dtype `dt` through torch's allocator where DLPack can
+// describe it (`describable`), else torch.empty of `torch_dtype`.
+NewTensor allocate(nb::handle like_obj, const ImportedTensor& like, nb::dlpack::dtype dt, bool describable,
+                   nb::handle torch_dtype, const int64_t* shape, int ndim) {
   NewTensor out;
   const ExchangeApi* api = exchange_api(Py_TYPE(like_obj.ptr()));
-  if (api != nullptr && dlpack_describes(like.arg.dtype)) {
+  if (api != nullptr && describable) {
     dltensor proto;
     proto.data = nullptr;
     proto.device = like.dl_device;
     proto.ndim = ndim;
-    proto.dtype = like.dl_dtype;
+    proto.dtype = dt;
     proto.shape = const_cast<int64_t*>(shape);
     proto.strides = nullptr;
     proto.byte_offset = 0;
@@ -416,11 +420,24 @@ NewTensor new_tensor_like(nb::handle like_obj, const ImportedTensor& like, const
   }
   nb::list dims;
   for (int d = 0; d < ndim; ++d) dims.append(shape[d]);
-  out.tensor = torch_module().attr("empty")(dims, nb::arg("dtype") = like_obj.attr("dtype"),
-                                            nb::arg("device") = like_obj.attr("device"));
+  out.tensor =
+      torch_module().attr("empty")(dims, nb::arg("dtype") = torch_dtype, nb::arg("device") = like_obj.attr("device"));
   ImportedTensor t = import_tensor(out.tensor, "output");
   out.arg = t.arg;
   return out;
+}
+}  // namespace
+
+NewTensor new_tensor_like(nb::handle like_obj, const ImportedTensor& like, const int64_t* shape, int ndim) {
+  return allocate(like_obj, like, like.dl_dtype, dlpack_describes(like.arg.dtype), like_obj.attr("dtype"), shape, ndim);
+}
+
+NewTensor new_e4m3_tensor_like(nb::handle like_obj, const ImportedTensor& like, const int64_t* shape, int ndim) {
+  nb::dlpack::dtype e4m3;
+  e4m3.code = kF8E4M3FN;
+  e4m3.bits = 8;
+  e4m3.lanes = 1;
+  return allocate(like_obj, like, e4m3, true, torch_module().attr("float8_e4m3fn"), shape, ndim);
 }
 
 void init_tensor_import(nb::module_& m) {

@@ -56,6 +56,8 @@ struct NewTensor {
   core::TensorArg arg;
 };
 NewTensor new_tensor_like(nb::handle like_obj, const ImportedTensor& like, const int64_t* shape, int ndim);
+// The same of float8_e4m3fn (rope_pool_fused's fp8 q_rot).
+NewTensor new_e4m3_tensor_like(nb::handle like_obj, const ImportedTensor& like, const int64_t* shape, int ndim);
 
 // "exchange-api" or "dlpack-fallback": which path the first tensor took (or
 // would take), for build_info().

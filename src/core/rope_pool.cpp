@@ -112,6 +112,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (a.has_cache) given.push_back({"cos_sin_cache", &a.cos_sin_cache});
   if (a.has_k_scale) given.push_back({"k_scale", &a.k_scale});
   if (a.has_v_scale) given.push_back({"v_scale", &a.v_scale});
+  if (a.has_q_scale) given.push_back({"q_scale", &a.q_scale});
   if (a.has_q_norm) given.push_back({"q_norm_weight", &a.q_norm_weight});
   if (a.has_k_norm) given.push_back({"k_norm_weight", &a.k_norm_weight});
   for (const auto& [name, t] : given) {
@@ -161,7 +162,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   }
 
   // What the kernel writes must not race with itself or with what it reads.
-  const TensorArg* reads[8] = {&q, &k};
+  const TensorArg* reads[9] = {&q, &k};
   int nreads = 2;
   if (pool) {
     reads[nreads++] = &v;
@@ -171,6 +172,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (a.has_cache) reads[nreads++] = &a.cos_sin_cache;
   if (a.has_k_scale) reads[nreads++] = &a.k_scale;
   if (a.has_v_scale) reads[nreads++] = &a.v_scale;
+  if (a.has_q_scale) reads[nreads++] = &a.q_scale;
   require(
       !pool || (!has_internal_overlap(a.k_pool) && !has_internal_overlap(a.v_pool) && !may_overlap(a.k_pool, a.v_pool)),
       "k_pool and v_pool must not overlap each other or themselves");
@@ -257,6 +259,15 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (a.has_mrope_section && !(a.has_positions && a.positions.has_shape({3, T})))
     throw ValueError("M-RoPE positions must have shape [3, num_tokens] = [3, " + std::to_string(T) + "], got " +
                      (a.has_positions ? shape_str(a.positions) : std::string("None")));
+
+  // fp8 q.
+  if (a.has_q_scale) {
+    const TensorArg& s = a.q_scale;
+    if (s.dtype != DType::Float32) throw ValueError(std::string("q_scale must be float32, got ") + dtype_name(s.dtype));
+    if (!(s.ndim == 0 || s.has_shape({1}))) throw ValueError("q_scale must have shape [] or [1], got " + shape_str(s));
+    require(!a.inplace, "q_scale needs inplace=False: q_rot is float8_e4m3fn");
+    require(q.device.type == DeviceType::CUDA, "fp8 q is supported on CUDA only");
+  }
 }
 
 std::vector<float> rope_inv_freq(double base, int64_t rotary_dim) {
@@ -317,6 +328,7 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
     p.mrope = a.mrope_interleaved ? 2 : 1;
     for (int j = 0; j < 3; ++j) p.mrope_section[j] = static_cast<ap_i32>(a.mrope_section[static_cast<size_t>(j)]);
   }
+  p.q_fp8 = a.has_q_scale ? 1 : 0;
   p.use_cache = a.has_cache ? 1 : 0;
   if (a.has_cache) {
     p.cache_stride = a.cos_sin_cache.stride(0);
@@ -344,7 +356,7 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
   if (a.is_neox ? half % w != 0 : a.rot() % w != 0) vec = false;
   if (a.head_dim % w != 0) vec = false;
   // Every address a vector touches must be aligned to its size: 16 bytes in
-  // q, k, v and the outputs, w pool elements in the pools (w bytes in fp8).
+  // q, k and v, w elements in the outputs and the pools (w bytes in fp8).
   // A stride only matters when its dimension has more than one index.
   const auto aligned = [&](const TensorArg& t, int64_t bytes) {
     if (reinterpret_cast<uintptr_t>(t.data) % bytes != 0) return false;
@@ -352,7 +364,8 @@ RopePoolParams make_rope_pool_params(const RopePoolArgs& a, const TensorArg& q_r
       if (t.byte_stride(d) % bytes != 0) return false;
     return true;
   };
-  for (const TensorArg* t : {&a.q, &a.k, &q_rot, &k_rot}) vec = vec && aligned(*t, vector_bytes);
+  for (const TensorArg* t : {&a.q, &a.k}) vec = vec && aligned(*t, vector_bytes);
+  for (const TensorArg* t : {&q_rot, &k_rot}) vec = vec && aligned(*t, w * t->itemsize);
   if (a.has_pool) {
     vec = vec && aligned(a.v, vector_bytes);
     for (const TensorArg* t : {&a.k_pool, &a.v_pool}) vec = vec && aligned(*t, w * t->itemsize);

@@ -45,6 +45,8 @@ struct RopePoolArgs {
   bool has_mrope_section = false;
   std::vector<int64_t> mrope_section;
   bool mrope_interleaved = false;
+  bool has_q_scale = false;  // fp8 q: q_rot is float8_e4m3fn, q_rot / q_scale
+  TensorArg q_scale;         // float32, [] or [1]
 
   int64_t rot() const { return has_rotary_dim ? rotary_dim : head_dim; }
   void set_rotary_dim(int64_t r) {

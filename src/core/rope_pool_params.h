@@ -56,6 +56,8 @@ struct RopePoolParams {
   ap_i32 cache_vector;            // 1: cos_sin_cache's rows and their sin halves start on 16-byte boundaries
   ap_i32 mrope;                   // 0: one position per token; 1 M-RoPE sections; 2 M-RoPE interleaved
   ap_i32 mrope_section[3];        // frequencies of the time, height and width axes
+  ap_i32 q_fp8;                   // 1: q_rot is float8_e4m3fn, q_rot / q_scale (CUDA)
+  ap_i32 pad0;                    // explicit: the block's size a multiple of 8 bytes on both sides
   float inv_freq[ATTNPREP_ROPE_MAX_HALF];  // float32(1 / base^(2i / rotary_dim)), used when !use_cache
 };
 
@@ -73,12 +75,12 @@ inline
 }
 
 #if !defined(__METAL_VERSION__)
-static_assert(sizeof(RopePoolParams) == 24 * 8 + 28 * 4 + ATTNPREP_ROPE_MAX_HALF * 4,
+static_assert(sizeof(RopePoolParams) == 24 * 8 + 30 * 4 + ATTNPREP_ROPE_MAX_HALF * 4,
               "RopePoolParams layout must match the Metal side");
 static_assert(offsetof(RopePoolParams, num_qo_heads) == 192, "layout");
 static_assert(offsetof(RopePoolParams, width) == 228, "layout");
 static_assert(offsetof(RopePoolParams, pool_fp8) == 240, "layout");
 static_assert(offsetof(RopePoolParams, norm_q) == 252, "layout");
 static_assert(offsetof(RopePoolParams, norm_eps) == 276, "layout");
-static_assert(offsetof(RopePoolParams, inv_freq) == 304, "layout");
+static_assert(offsetof(RopePoolParams, inv_freq) == 312, "layout");
 #endif

@@ -160,12 +160,14 @@ struct Item {
     *reinterpret_cast<uint4*>(w_lo.e) = *reinterpret_cast<const uint4*>(wt + lo_off);
     *reinterpret_cast<uint4*>(w_hi.e) = *reinterpret_cast<const uint4*>(wt + hi_off);
   }
-  // fp8 pools: the dequantization scale of the item's pool row, read right
-  // after its loads so that the round trip overlaps theirs (read where the
-  // row is written, it would add a second round trip before every store).
+  // kFp8: the scale of the item's fp8 output (its pool row, or fp8 q_rot), read right after its loads so that the
+  // round trip overlaps theirs (read where the row is written, it would add a second round trip before every store).
   template <bool kFp8>
   __device__ __forceinline__ float pool_scale_of(const RopePoolParams& p, const RopePoolPointers& ptr) const {
-    if constexpr (kFp8) return is_q ? 1.f : pool_scale(p, ptr, head, is_v);
+    if constexpr (kFp8) {
+      if (is_q) return p.q_fp8 ? *ptr.q_scale : 1.f;
+      return p.pool_fp8 ? pool_scale(p, ptr, head, is_v) : 1.f;
+    }
     return 1.f;
   }
   // Asks L2 for the item's lines now, to be evicted last (as load()'s
@@ -188,9 +190,9 @@ struct Item {
     return norm_factor_pow2(__fadd_rn(lo_sum, hi_sum), inv_head_dim, p);
   }
 
-  // kFp8: float8 pools (x / scale); kNorm: q and k normalized first (weights `w`, factor `inv`); kRowCs: cos/sin
-  // from the token's cos_sin_cache row, else the block's table `cs`; kWarpRows: weights and cos/sin from the warp's
-  // rows in shared memory. Groups of W > 1 elements compute on pairs (Group::get2/set2).
+  // kFp8: float8 pools or q_rot (x / scale; p.pool_fp8, p.q_fp8); kNorm: q and k normalized first (weights `w`, factor
+  // `inv`); kRowCs: cos/sin from the token's cos_sin_cache row, else the block's table `cs`; kWarpRows: weights and
+  // cos/sin from the warp's rows in shared memory. Groups of W > 1 elements compute on pairs (Group::get2/set2).
   template <bool kFp8, int kNorm, bool kRowCs, bool kWarpRows>
   __device__ __forceinline__ void finish(const RopePoolParams& p, const RopePoolPointers& ptr,
                                          const core::RopeCudaIndex& ix, const float* cs, int64_t pos, bool pos_ok,
@@ -264,13 +266,18 @@ struct Item {
         }
       }
     }
-    if (has_dst()) {
+    if (kFp8 && is_q && p.q_fp8) {  // (never in place)
+      unsigned char* out = fp8_q_row(ptr, dst);
+      const core::Fp8Quotient quotient(scale);
+      store_fp8(lo, out + lo_off, quotient, 1);
+      if (has_hi()) store_fp8(hi, out + hi_off, quotient, 1);
+    } else if (has_dst()) {
       lo.store(dst + lo_off);
       if (has_hi()) hi.store(dst + hi_off);
     }
     if (write_pool && !is_q) {
       const int64_t row = pool_row(p, ix.page, slot, head, is_v);
-      if constexpr (!kFp8) {
+      if (!kFp8 || !p.pool_fp8) {
         T* pool = static_cast<T*>(is_v ? ptr.v_pool : ptr.k_pool) + row;
         lo.store(pool + lo_off);
         if (has_hi()) hi.store(pool + hi_off);

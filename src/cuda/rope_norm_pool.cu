@@ -48,6 +48,8 @@ struct Task {
     }
   }
 
+  __device__ __forceinline__ bool is_q() const { return !is_k && !is_v; }
+
   // Asks L2 for the lane's part of the head's row now; the round that takes
   // this task later then loads from L2.
   __device__ __forceinline__ void prefetch(int first, int per_lane, int head_dim) const {
@@ -56,8 +58,8 @@ struct Task {
   }
 };
 
-// Spills (sm_90): the float32 one-element instantiations, 12-24 bytes at
-// general_norm_min_blocks_per_sm (a rare shape: float32 rows off 16 bytes).
+// Spills (sm_90): the one-element instantiations with fp8 outputs and float32's, 16-24 bytes at
+// general_norm_min_blocks_per_sm (rare shapes: rows off 16 bytes with the QK norm).
 template <typename T, int W, bool kFp8>
 __global__ void __launch_bounds__(kThreads, Policy::general_norm_min_blocks_per_sm)
     rope_norm_pool_kernel(const __grid_constant__ RopePoolParams p, const RopePoolPointers ptr,
@@ -177,13 +179,21 @@ __global__ void __launch_bounds__(kThreads, Policy::general_norm_min_blocks_per_
 
     if (!active) continue;
     if (h.dst) {
+      if (kFp8 && p.q_fp8 && h.is_q()) {
+        unsigned char* out = fp8_q_row(ptr, h.dst) + first;
+        const core::Fp8Quotient quotient(*ptr.q_scale);
 #pragma unroll
-      for (int j = 0; j < kGroups; ++j)
-        if (has[j]) x[j].store(h.dst + first + j * W);
+        for (int j = 0; j < kGroups; ++j)
+          if (has[j]) store_fp8(x[j], out + j * W, quotient, 1);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kGroups; ++j)
+          if (has[j]) x[j].store(h.dst + first + j * W);
+      }
     }
     if (h.to_pool && write_pool) {
       const int64_t row = pool_row(p, ix.page, slot, h.head, h.is_v) + first;
-      if constexpr (!kFp8) {
+      if (!kFp8 || !p.pool_fp8) {
         T* pool = static_cast<T*>(h.is_v ? ptr.v_pool : ptr.k_pool) + row;
 #pragma unroll
         for (int j = 0; j < kGroups; ++j)
@@ -216,7 +226,7 @@ cudaError_t launch(const RopePoolParams& p, const RopePoolPointers& ptrs, cudaSt
 
 cudaError_t rope_norm_pool(const RopePoolParams& params, const RopePoolPointers& ptrs, core::DType dtype,
                            cudaStream_t stream) {
-  return with_element_type(dtype, params.pool_fp8 != 0, [&](auto element, auto fp8) {
+  return with_element_type(dtype, params.pool_fp8 != 0 || params.q_fp8 != 0, [&](auto element, auto fp8) {
     return launch<decltype(element), decltype(fp8)::value>(params, ptrs, stream);
   });
 }

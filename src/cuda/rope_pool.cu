@@ -22,7 +22,7 @@ cudaError_t rope_pool(const RopePoolParams& params, const RopePoolPointers& ptrs
     return cudaErrorInvalidConfiguration;
   if ((params.norm_q || params.norm_k) && !core::rope_norm_in_rotation_kernel(params))
     return rope::rope_norm_pool(params, ptrs, dtype, stream);
-  return rope::with_element_type(dtype, params.pool_fp8 != 0, [&](auto element, auto fp8) {
+  return rope::with_element_type(dtype, params.pool_fp8 != 0 || params.q_fp8 != 0, [&](auto element, auto fp8) {
     return rope::launch_rope_pool<decltype(element), decltype(fp8)::value>(params, ptrs, stream);
   });
 }

@@ -23,6 +23,7 @@ struct RopePoolPointers {
   const float* v_scale;
   const void* q_norm_weight;  // [head_dim], float32 or q's dtype, when params.norm_q; else null
   const void* k_norm_weight;  // likewise for params.norm_k
+  const float* q_scale;       // params.q_fp8: q_rot stores q_rot / q_scale in float8_e4m3fn; else null
 };
 
 // One launch for q, k and v; nothing when there are no tokens. `dtype` is
@@ -31,8 +32,8 @@ cudaError_t rope_pool(const RopePoolParams& params, const RopePoolPointers& ptrs
                       cudaStream_t stream);
 
 namespace rope {
-// The rotation kernel for element type T (__half, __nv_bfloat16, float) and
-// pools of T or fp8; one translation unit each (cuda/rope_pool_<type>.cu).
+// The rotation kernel for element type T (__half, __nv_bfloat16, float), kFp8: fp8 pools or fp8 q_rot (both
+// checked at run time), else pools and q_rot of T; one translation unit each (cuda/rope_pool_<type>.cu).
 template <typename T, bool kFp8>
 cudaError_t launch_rope_pool(const RopePoolParams& params, const RopePoolPointers& ptrs, cudaStream_t stream);
 // The general QK-norm kernel (cuda/rope_norm_pool.cu), for parameters with

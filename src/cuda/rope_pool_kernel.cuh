@@ -57,9 +57,9 @@ struct RopeConfig {
   static_assert(!table_warp || (!kPrefetch && norm != kNoNorm), "table warps are for one-round norm blocks");
 };
 
-// The configurations a launcher picks from (cuda/rope_pool_launch.cuh). 16 of 204 spill on sm_90, each a measured
-// larger occupancy target: fp8 pools off the common shape (2-16 B), Gemma's weights in one-round and short-token
-// blocks (8-38 B), Llama's short-token tail on warp rows (4 B): the extra block gained more than the spills cost.
+// The configurations a launcher picks from (cuda/rope_pool_launch.cuh). 8 of 204 spill on sm_90, each a measured
+// larger occupancy target: Gemma's weights in one-round and short-token blocks (8-38 B), Llama's short-token tail on
+// warp rows (4 B): the extra block gained more than the spills cost.
 template <typename T, bool kFp8, bool kNeoxFull, bool kRowCs>
 struct RopeVariants {
   static constexpr int V = 16 / sizeof(T);

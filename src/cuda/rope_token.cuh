@@ -70,4 +70,11 @@ __device__ __forceinline__ float pool_scale(const RopePoolParams& p, const RopeP
   return is_v ? ptr.v_scale[p.v_scale_per_head ? head : 0] : ptr.k_scale[p.k_scale_per_head ? head : 0];
 }
 
+// fp8 q_rot: the element a q_rot address located in T's units (q_rot + offset) stands for, in the float8 q_rot
+// (offsets and strides count elements either way).
+template <typename T>
+__device__ __forceinline__ unsigned char* fp8_q_row(const RopePoolPointers& ptr, const T* dst) {
+  return static_cast<unsigned char*>(ptr.q_rot) + (dst - static_cast<const T*>(ptr.q_rot));
+}
+
 }  // namespace attnprep::cuda::rope

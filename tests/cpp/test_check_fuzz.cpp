@@ -171,7 +171,7 @@ bool number_after(const std::string& m, const std::string& prefix, int64_t floor
 
 bool starts(const std::string& m, const char* prefix) { return m.rfind(prefix, 0) == 0; }
 
-// docs/contract.md, rope_pool_fused's checks 1-43 (40, per-token rows, is not reached: positions stay given).
+// docs/contract.md, rope_pool_fused's checks 1-47 (40, per-token rows, is not reached: positions stay given).
 bool rope_message(const std::string& m) {
   static const char* exact[] = {
       "rope_pool_fused expects q/k/v to be 3-D",
@@ -196,6 +196,8 @@ bool rope_message(const std::string& m) {
       "k_pool and v_pool (and q and k with inplace=True) must not overlap q_norm_weight or k_norm_weight",
       "k_scale and v_scale apply to fp8 pools only, got no pools",
       "mrope_interleaved=True needs mrope_section",
+      "q_scale needs inplace=False: q_rot is float8_e4m3fn",
+      "fp8 q is supported on CUDA only",
   };
   for (const char* e : exact)
     if (m == e) return true;
@@ -219,6 +221,8 @@ bool rope_message(const std::string& m) {
       "norm_weight_offset must be finite, got ",
       "mrope_section must be three non-negative integers summing to rotary_dim / 2 = ",
       "M-RoPE positions must have shape [3, num_tokens] = [3, ",
+      "q_scale must be float32, got torch.",
+      "q_scale must have shape [] or [1], got torch.Size([",
   };
   for (const char* p : prefixed)
     if (starts(m, p)) return true;
@@ -276,6 +280,11 @@ RopePoolArgs valid_rope_args(Rng& r) {
   if (a.has_q_norm) a.q_norm_weight = make({D}, r.chance(50) ? DType::Float32 : dt, dev);
   if (a.has_k_norm) a.k_norm_weight = make({D}, r.chance(50) ? DType::Float32 : dt, dev);
   if (r.chance(30)) a.norm_offset = 1.0;
+  if (dev.type == DeviceType::CUDA && !a.inplace && r.chance(20)) {
+    a.has_q_scale = true;
+    a.q_scale =
+        make(r.chance(50) ? std::initializer_list<int64_t>{} : std::initializer_list<int64_t>{1}, DType::Float32, dev);
+  }
   return a;
 }
 
@@ -298,7 +307,8 @@ std::vector<TensorArg*> rope_tensors(RopePoolArgs& a) {
           &a.k_scale,
           &a.v_scale,
           &a.q_norm_weight,
-          &a.k_norm_weight};
+          &a.k_norm_weight,
+          &a.q_scale};
 }
 
 // Changes to several arguments at once that keep the earlier checks passing,
@@ -401,7 +411,7 @@ void mutate_rope_together(Rng& r, RopePoolArgs& a) {
 }
 
 void mutate_rope_scalars(Rng& r, RopePoolArgs& a) {
-  switch (r.below(8)) {
+  switch (r.below(9)) {
     case 0:
       a.head_dim = r.chance(50) ? r.size() : -r.size();
       break;
@@ -422,6 +432,9 @@ void mutate_rope_scalars(Rng& r, RopePoolArgs& a) {
       break;
     case 6:
       a.norm_offset = r.of<double>({NAN, -INFINITY, 1e39, -1e39, 1.0});
+      break;
+    case 7:
+      a.inplace = !a.inplace;
       break;
     default:
       a.kv_layout = a.kv_layout == KvLayout::NHD ? KvLayout::HND : KvLayout::NHD;
@@ -453,12 +466,12 @@ TEST_CASE("rope_pool_fused: random arguments pass or raise a documented message"
     const int changes = round % 4 == 0 ? 0 : 1 + static_cast<int>(r.below(3));
     for (int c = 0; c < changes; ++c) {
       const std::vector<TensorArg*> ts = rope_tensors(a);
-      const uint64_t pick = r.below(20);
-      if (pick >= 16) {
+      const uint64_t pick = r.below(21);
+      if (pick >= 17) {
         mutate_rope_together(r, a);
         continue;
       }
-      if (pick >= 12) {
+      if (pick >= 13) {
         mutate_rope_scalars(r, a);
         continue;
       }
@@ -468,6 +481,7 @@ TEST_CASE("rope_pool_fused: random arguments pass or raise a documented message"
       if (pick == 9) a.has_v_scale = true;
       if (pick == 10) a.has_q_norm = true;
       if (pick == 11) a.has_k_norm = true;
+      if (pick == 12) a.has_q_scale = true;
     }
     try {
       check_rope_pool(a);

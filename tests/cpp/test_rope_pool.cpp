@@ -384,6 +384,50 @@ TEST_CASE("M-RoPE: checks 41-43 after every earlier one, the axis of each freque
   CHECK_EQ(one.cache_vector, 1);
 }
 
+TEST_CASE("fp8 q: checks 44-47 after every earlier one, the device and overlap checks, the parameter block") {
+  auto fp8_q = [](std::initializer_list<int64_t> shape = {}, DType dt = DType::Float32, Device dev = cuda0) {
+    RopePoolArgs a = args();
+    a.has_q_scale = true;
+    a.q_scale = make(shape, dt, dev);
+    return a;
+  };
+  check_rope_pool(fp8_q());
+  check_rope_pool(fp8_q({1}));
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(fp8_q({}, DType::BFloat16)),
+                   "q_scale must be float32, got torch.bfloat16");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(fp8_q({2})), "q_scale must have shape [] or [1], got torch.Size([2])");
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(fp8_q({1, 1})),
+                   "q_scale must have shape [] or [1], got torch.Size([1, 1])");
+  RopePoolArgs inplace = fp8_q();
+  inplace.inplace = true;
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(inplace), "q_scale needs inplace=False: q_rot is float8_e4m3fn");
+  RopePoolArgs on_mps = args(DType::BFloat16, mps);
+  on_mps.has_q_scale = true;
+  on_mps.q_scale = make({}, DType::Float32, mps);
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(on_mps), "fp8 q is supported on CUDA only");
+  // one device (check 12) and one of "the scales" (27, 28), before its own checks
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(fp8_q({2}, DType::Float32, cpu)),
+                   "rope_pool_fused expects all tensors on one device");
+  RopePoolArgs aliased = fp8_q();
+  aliased.q_scale.data = aliased.k_pool.data;
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(aliased),
+                   "k_pool and v_pool must not overlap q, k, v, positions, slots, cos_sin_cache or the scales");
+  RopePoolArgs early = fp8_q({2});
+  early.mrope_interleaved = true;  // check 42 first
+  CHECK_THROWS_MSG(ValueError, check_rope_pool(early), "mrope_interleaved=True needs mrope_section");
+  // q_fp8 in the block; the fp8 q_rot's rows of 1-byte elements keep 8-element groups where their strides allow
+  const RopePoolArgs a = fp8_q();
+  TensorArg q_rot = make({4, 8, 64}, DType::Float8E4M3FN);
+  const RopePoolParams p = make_rope_pool_params(a, q_rot, a.k);
+  CHECK_EQ(p.q_fp8, 1);
+  CHECK_EQ(p.pool_fp8, 0);
+  CHECK_EQ(p.width, 8);
+  CHECK_EQ(make_rope_pool_params(args(), args().q, args().k).q_fp8, 0);
+  TensorArg odd = make({4, 8, 64}, DType::Float8E4M3FN);
+  odd.data = static_cast<unsigned char*>(odd.data) + 4;
+  CHECK_EQ(make_rope_pool_params(a, odd, a.k).width, 1);
+}
+
 TEST_CASE("no cache write: v, slots and pools absent together, no v items, every other check as before") {
   check_cache_write_given(true, true, true, true);
   check_cache_write_given(false, false, false, false);

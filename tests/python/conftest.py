@@ -31,6 +31,19 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+def capture(call):
+    """``call()`` once on a side stream (warm-up), then captured in a CUDA graph: ``(graph, what it returned)``."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    return graph, out
+
+
 def rope_schema_args(q, k, v, positions, slots, k_pool, v_pool, check_slots=False, **options) -> tuple:
     """rope_pool_fused's arguments as its registered op takes them (torch.ops.attnprep.rope_pool_fused), from the
     tensors and the keyword options given, the rest at their defaults; for opcheck."""
@@ -39,7 +52,7 @@ def rope_schema_args(q, k, v, positions, slots, k_pool, v_pool, check_slots=Fals
     kw = dict(head_dim=q.shape[-1], num_qo_heads=q.shape[-2], num_kv_heads=k.shape[-2], rope_base=1e4)
     kw.update(rotary_dim=None, is_neox=True, cos_sin_cache=None, k_scale=None, v_scale=None, kv_layout="NHD")
     kw.update(q_norm_weight=None, k_norm_weight=None, norm_eps=1e-6, norm_weight_offset=0.0)
-    kw.update(mrope_section=None, mrope_interleaved=False)
+    kw.update(mrope_section=None, mrope_interleaved=False, q_scale=None)
     kw.update(options)
     return (*RopeArgs(q, k, v, positions, slots, k_pool, v_pool, **kw), check_slots)
 

@@ -6,7 +6,7 @@ import attnprep
 import pytest
 import torch
 from attnprep.testing import cos_sin, pool_write_reference, rope_error_ratio, rope_reference
-from conftest import poison_like, requires_cuda, same_bits
+from conftest import capture, poison_like, requires_cuda, same_bits
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -205,14 +205,7 @@ def test_scales_are_read_on_the_device_in_graphs():
     k_scale, v_scale = torch.ones((), device="cuda"), torch.ones((), device="cuda")
     kw = dict(head_dim=dim, num_qo_heads=4, num_kv_heads=hkv, rope_base=1e4, k_scale=k_scale, v_scale=v_scale)
     call = lambda: attnprep.rope_pool_fused(q, k, v, positions, slots, k_pool, v_pool, **kw)  # noqa: E731
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        q_rot, k_rot, _, _ = call()
+    graph, _ = capture(call)
     v_scale.fill_(0.25)
     graph.replay()
     torch.cuda.synchronize()
