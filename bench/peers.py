@@ -351,3 +351,89 @@ def triton_rope_pool(
             S2=sections[2],
         )
     return q_out, k_out
+
+
+# ---------------------------------------------------------------- Triton MLA RoPE + latent-cache write
+#
+# One program per token, as servers' MLA glue kernels go: q's rope parts as a [heads, R / 2] tile of GPT-J pairs
+# rotated in place, k_pe rotated in place, kv_c RMS-normalized as DeepSeek writes it (float32 inside, rounded, times
+# the weight), [kv_c | k_pe] stored into the paged bf16 latent cache at the token's slot.
+
+if triton is not None:
+
+    @triton.autotune(configs=[triton.Config({}, num_warps=w) for w in (2, 4, 8)], key=["T", "H", "L"])
+    @triton.jit
+    def _mla_kernel(
+        q,
+        kv_c,
+        k_pe,
+        positions,
+        slots,
+        cache,
+        table,
+        w,
+        eps,
+        T,
+        q_stride,
+        kv_stride,
+        pe_stride,
+        page_size,
+        H: tl.constexpr,
+        Q_DIM: tl.constexpr,
+        HALF: tl.constexpr,
+        L: tl.constexpr,
+    ):
+        t = tl.program_id(0)
+        pos = tl.load(positions + t)
+        slot = tl.load(slots + t)
+        i = tl.arange(0, HALF)
+        cos = tl.load(table + pos * 2 * HALF + i)[None, :]
+        sin = tl.load(table + pos * 2 * HALF + HALF + i)[None, :]
+        dt = q.dtype.element_ty
+        at = t * q_stride + tl.arange(0, H)[:, None] * Q_DIM + (Q_DIM - 2 * HALF) + 2 * i[None, :]
+        a = tl.load(q + at).to(tl.float32)
+        b = tl.load(q + at + 1).to(tl.float32)
+        tl.store(q + at, (a * cos - b * sin).to(dt))
+        tl.store(q + at + 1, (b * cos + a * sin).to(dt))
+        pa = tl.load(k_pe + t * pe_stride + 2 * i[None, :]).to(tl.float32)
+        pb = tl.load(k_pe + t * pe_stride + 2 * i[None, :] + 1).to(tl.float32)
+        ra = (pa * cos - pb * sin).to(dt)
+        rb = (pb * cos + pa * sin).to(dt)
+        tl.store(k_pe + t * pe_stride + 2 * i[None, :], ra)
+        tl.store(k_pe + t * pe_stride + 2 * i[None, :] + 1, rb)
+        j = tl.arange(0, L)
+        x = tl.load(kv_c + t * kv_stride + j).to(tl.float32)
+        y = ((x * tl.rsqrt(tl.sum(x * x, 0) / L + eps)).to(dt).to(tl.float32) * tl.load(w + j).to(tl.float32)).to(dt)
+        if slot >= 0:
+            row = cache + (slot // page_size) * page_size * (L + 2 * HALF) + (slot % page_size) * (L + 2 * HALF)
+            tl.store(row + j, y)
+            tl.store(row + L + 2 * i[None, :], ra)
+            tl.store(row + L + 2 * i[None, :] + 1, rb)
+
+
+def triton_mla_rope_pool(q, kv_c, k_pe, positions, slots, cache, table, w, eps=1e-6):
+    """MLA's RoPE (GPT-J pairs, q's and k_pe's rope parts in place), the norm of kv_c and the write into a
+    contiguous paged bf16 latent cache [pages, page_size, L + R]; power-of-two heads, L and R / 2."""
+    T, H, q_dim = q.shape
+    if T:
+        _mla_kernel[(T,)](
+            q,
+            kv_c,
+            k_pe,
+            positions,
+            slots,
+            cache,
+            table,
+            w,
+            eps,
+            T,
+            q.stride(0),
+            kv_c.stride(0),
+            k_pe.stride(0),
+            cache.shape[1],
+            H=H,
+            Q_DIM=q_dim,
+            HALF=k_pe.shape[1] // 2,
+            L=kv_c.shape[1],
+        )
+    return q, k_pe

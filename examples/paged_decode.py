@@ -481,12 +481,12 @@ class PagedAttention(torch.nn.Module):
 class PagedMLAEngine(PagedEngine):
     """The loop for multi-head latent attention (DeepSeek-V3 and its kin): a paged latent cache of
     ``kv_lora_rank + qk_rope_head_dim`` values per token (the normalized compressed kv, then the rotated shared
-    k_pe) and attention from it in the up-projection form. The plain-torch backend (the model's own
-    kv_a_layernorm, RoPE from the model's table); decode steps of any shape (no CUDA graphs)."""
+    k_pe) and attention from it in the up-projection form. ``backend="attnprep"``: one
+    ``attnprep.mla_rope_pool_fused`` per layer (the model's kv_a_layernorm fused, q rotated in place, bf16 or fp8
+    pages); ``"reference"``: the model's own kv_a_layernorm and RoPE from the model's table in plain torch. Decode
+    steps of any shape (no CUDA graphs)."""
 
-    def __init__(self, model, *, page_size: int = 16, num_pages: int = 256, backend: str = "reference"):
-        if backend != "reference":
-            raise ValueError("paged_decode: multi-head latent attention runs on the reference backend")
+    def __init__(self, model, *, page_size: int = 16, num_pages: int = 256, backend: str = "attnprep", pool_dtype=None):
         config = model.config
         self.model, self.backend = model, backend
         self.device = next(model.parameters()).device
@@ -505,9 +505,12 @@ class PagedMLAEngine(PagedEngine):
             device=self.device,
         )
         layers = _attention_layers(model)
+        self.pool_dtype = pool_dtype or self.dtype
         self.cache = torch.zeros(
-            len(layers), num_pages, page_size, self.latent + self.rope_dim, device=self.device, dtype=self.dtype
+            len(layers), num_pages, page_size, self.latent + self.rope_dim, device=self.device, dtype=self.pool_dtype
         )
+        # fp8 pages: unit scale (the latent's values sit well inside e4m3's range)
+        self.cache_scale = torch.ones((), device=self.device) if self.pool_dtype != self.dtype else None
         self.pages = PageAllocator(num_pages, page_size)
         self.step, self.graphs, self.logits = None, {}, None
         self.layers = [(layer, name, getattr(layer, name)) for layer, name in layers]
@@ -518,36 +521,56 @@ class PagedMLAEngine(PagedEngine):
             raise ValueError("paged_decode: multi-head latent attention decodes in steps of any shape only")
         return super().generate(requests, arrivals)
 
-    def rope_and_write_latent(self, layer: int, q_pe, k_pe, kv_c):
-        """RoPE on q's rope part [T, heads, rope] and the shared k_pe [T, rope]; [kv_c | k_pe rotated] into the
-        layer's latent pages. Returns the rotated q_pe."""
+    def rope_and_write_latent(self, layer: int, q, kv_c, k_pe, norm):
+        """RoPE on the rope part of q [T, heads, nope + rope] (in place) and on the shared k_pe [T, rope];
+        [norm(kv_c) | k_pe rotated] into the layer's latent pages (`norm`: the model's kv_a_layernorm)."""
         s = self.step
+        if self.backend == "attnprep":
+            attnprep.mla_rope_pool_fused(
+                q,
+                kv_c,
+                k_pe,
+                s.positions,
+                s.slots,
+                self.cache[layer],
+                is_neox=self.is_neox,
+                cos_sin_cache=self.table,
+                kv_norm_weight=norm.weight,
+                norm_eps=norm.variance_epsilon,
+                cache_scale=self.cache_scale,
+                inplace=True,
+            )
+            return
         cos, sin = cos_sin(s.positions, self.rope_dim, cos_sin_cache=self.table)
-        q_rot = rope_reference(q_pe, cos, sin, self.rope_dim, self.is_neox).to(q_pe.dtype).to(q_pe.device)
+        q_pe = q[..., -self.rope_dim :]
+        q_pe.copy_(rope_reference(q_pe, cos, sin, self.rope_dim, self.is_neox).to(q.dtype))
         k_rot = rope_reference(k_pe[:, None], cos, sin, self.rope_dim, self.is_neox)[:, 0].to(k_pe.dtype)
         page_size = self.pages.page_size
-        self.cache[layer, s.slots // page_size, s.slots % page_size] = torch.cat([kv_c, k_rot.to(kv_c.device)], -1)
-        return q_rot
+        self.cache[layer, s.slots // page_size, s.slots % page_size] = torch.cat(
+            [norm(kv_c), k_rot.to(kv_c.device)], -1
+        )
 
-    def attend_latent(self, layer: int, m, q_nope, q_rot) -> torch.Tensor:
-        """Each request's new queries over its latent pages: k_nope and v up-projected by the layer's kv_b_proj,
-        the shared rotated k_pe beside k_nope in every head; [T, heads, v_head_dim]."""
-        heads, nope = q_nope.shape[1], q_nope.shape[2]
-        out = q_nope.new_empty(q_nope.shape[0], heads, m.v_head_dim)
+    def attend_latent(self, layer: int, m, q) -> torch.Tensor:
+        """Each request's new queries q [T, heads, nope + rope] (rotated) over its latent pages: k_nope and v
+        up-projected by the layer's kv_b_proj, the shared rotated k_pe beside k_nope in every head; [T, heads,
+        v_head_dim]."""
+        heads, nope = q.shape[1], q.shape[2] - self.rope_dim
+        out = q.new_empty(q.shape[0], heads, m.v_head_dim)
         for req, start, count, context in self.step.segments:
             latent = self.cache[layer, torch.tensor(self.pages.pages[req.rid], device=self.device)]
             latent = latent.reshape(-1, latent.shape[-1])[:context]
+            if self.cache_scale is not None:
+                latent = latent.to(self.dtype) * self.cache_scale.to(self.dtype)
             kv_c, k_pe = latent.split([self.latent, self.rope_dim], dim=-1)
             kv = m.kv_b_proj(kv_c).view(context, heads, nope + m.v_head_dim)
             k_nope, v = kv.split([nope, m.v_head_dim], dim=-1)
             k = torch.cat([k_nope, k_pe[:, None].expand(context, heads, self.rope_dim)], dim=-1)
-            q = torch.cat([q_nope[start : start + count], q_rot[start : start + count]], dim=-1)
             mask = (
                 torch.arange(context, device=self.device)[None, :]
                 <= (context - count + torch.arange(count, device=self.device))[:, None]
             )
             o = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None],
+                q[start : start + count].transpose(0, 1)[None],
                 k.transpose(0, 1)[None],
                 v.transpose(0, 1)[None],
                 attn_mask=mask,
@@ -575,10 +598,10 @@ class PagedMLAAttention(torch.nn.Module):
         x = hidden_states[0]  # [T, hidden]
         T = x.shape[0]
         q = m.q_proj(x) if m.q_lora_rank is None else m.q_b_proj(m.q_a_layernorm(m.q_a_proj(x)))
-        q_nope, q_pe = q.view(T, -1, m.qk_head_dim).split([m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
+        q = q.view(T, -1, m.qk_head_dim)
         kv_c, k_pe = m.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
-        q_rot = e.rope_and_write_latent(self.layer, q_pe, k_pe, m.kv_a_layernorm(kv_c))
-        out = e.attend_latent(self.layer, m, q_nope, q_rot)
+        e.rope_and_write_latent(self.layer, q, kv_c, k_pe, m.kv_a_layernorm)
+        out = e.attend_latent(self.layer, m, q)
         return m.o_proj(out.reshape(1, T, -1)), None
 
 

@@ -43,6 +43,13 @@ _lib.define("usp_merge_heads(Tensor x) -> Tensor")
 _lib.define(f"rope_pool_fused(Tensor q, Tensor k, {_ROPE_ARGS}) -> (Tensor, Tensor)")
 _lib.define(f"rope_pool_fused_inplace(Tensor(a!) q, Tensor(b!) k, {_ROPE_ARGS}) -> ()")
 _lib.define("_qk_token_rms_norm(Tensor x, Tensor weight, float eps, float offset, Tensor(a!) out) -> ()")
+_MLA_ARGS = (
+    "Tensor positions, Tensor slots, Tensor(c!) kv_cache, float rope_base, bool is_neox, Tensor? cos_sin_cache, "
+    "Tensor? kv_norm_weight, float norm_eps, Tensor(d!)? kpe_cache, Tensor? cache_scale, Tensor? q_scale, "
+    "bool check_slots"
+)
+_lib.define(f"mla_rope_pool_fused(Tensor q, Tensor kv_c, Tensor k_pe, {_MLA_ARGS}) -> (Tensor, Tensor)")
+_lib.define(f"mla_rope_pool_fused_inplace(Tensor(a!) q, Tensor kv_c, Tensor(b!) k_pe, {_MLA_ARGS}) -> ()")
 
 # One kernel for every device: the extension validates (a CPU tensor gets the
 # documented device message) and launches. MPS gets the Metal kernel below.
@@ -197,6 +204,36 @@ def _token_norm_fake(x, weight, eps, offset, out):
     _C._qk_token_rms_norm(x, weight, eps, offset, out, metadata_only=True)
 
 
+def mla_run(inplace, *schema_args):
+    """mla_rope_pool_fused's extension call after the host check of ``check_slots`` (the schema's last argument);
+    the extension takes ``inplace`` last instead."""
+    *args, check_slots = schema_args
+    if check_slots:
+        _C.mla_rope_pool_check(*args, inplace)  # the documented checks come first
+        kv_cache = args[5]
+        slots = kv_cache.shape[0] * (kv_cache.shape[1] if kv_cache.dim() == 3 else 1)
+        check_slots_on_host(args[4], slots, args[3], args[8])
+    return _C.mla_rope_pool_fused(*args, inplace)
+
+
+def _mla(*args):
+    return mla_run(False, *args)[:2]
+
+
+def _mla_inplace(*args):
+    mla_run(True, *args)
+
+
+def _mla_fake(q, kv_c, k_pe, *rest):
+    _C.mla_rope_pool_check(q, kv_c, k_pe, *rest[:-1], False, metadata_only=True)
+    fp8_q = rest[10] is not None  # q_scale
+    return q.new_empty(q.shape, dtype=torch.float8_e4m3fn if fp8_q else q.dtype), k_pe.new_empty(k_pe.shape)
+
+
+def _mla_inplace_fake(*args):
+    _C.mla_rope_pool_check(*args[:-1], True, metadata_only=True)
+
+
 for _name, _kernel, _fake in [
     ("pack_qkv_destination_major", _pack, _pack_fake),
     ("pack_qkv_destination_major_out", _pack_out, _pack_out_fake),
@@ -204,6 +241,8 @@ for _name, _kernel, _fake in [
     ("rope_pool_fused", _rope, _rope_fake),
     ("rope_pool_fused_inplace", _rope_inplace, _rope_inplace_fake),
     ("_qk_token_rms_norm", _token_norm, _token_norm_fake),
+    ("mla_rope_pool_fused", _mla, _mla_fake),
+    ("mla_rope_pool_fused_inplace", _mla_inplace, _mla_inplace_fake),
 ]:
     _lib.impl(_name, _kernel, _ANY)
     torch.library.register_fake(f"attnprep::{_name}", _fake, lib=_lib)

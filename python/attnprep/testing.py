@@ -156,6 +156,31 @@ def rms_norm_reference(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: flo
     return (n * (torch.tensor(offset, dtype=torch.float32) + w)).to(dtype)
 
 
+def mla_reference(
+    q: Tensor,
+    kv_c: Tensor,
+    k_pe: Tensor,
+    positions: Tensor,
+    *,
+    rope_base: float = 10000.0,
+    is_neox: bool = False,
+    cos_sin_cache: Optional[Tensor] = None,
+    kv_norm_weight: Optional[Tensor] = None,
+    norm_eps: float = 1e-6,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """mla_rope_pool_fused's results on the CPU: q with its last ``R = k_pe.shape[1]`` elements rotated and k_pe
+    rotated, both float64 (:func:`rope_reference`), and the latent kv_c in its dtype (:func:`rms_norm_reference`
+    with ``kv_norm_weight``, else kv_c itself)."""
+    R = k_pe.shape[1]
+    nope = q.shape[2] - R
+    cos, sin = cos_sin(positions, R, rope_base, cos_sin_cache)
+    q_rot = q.detach().cpu().double().clone()
+    q_rot[..., nope:] = rope_reference(q[..., nope:], cos, sin, R, is_neox)
+    k_pe_rot = rope_reference(k_pe[:, None], cos, sin, R, is_neox)[:, 0]
+    latent = kv_c.detach().cpu() if kv_norm_weight is None else rms_norm_reference(kv_c, kv_norm_weight, norm_eps)
+    return q_rot, k_pe_rot, latent
+
+
 _MANTISSA = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
 
 

@@ -11,6 +11,7 @@ void init_build_info(nb::module_& m);
 void init_usp_merge_heads(nb::module_& m);
 void init_rope_pool(nb::module_& m);
 void init_qk_norm_rope(nb::module_& m);
+void init_mla_rope_pool(nb::module_& m);
 void init_wire(nb::module_& m);
 void init_peer(nb::module_& m);
 void init_tensor_import(nb::module_& m);
@@ -51,6 +52,7 @@ NB_MODULE(_C, m) {
   attnprep::bindings::init_usp_merge_heads(m);
   attnprep::bindings::init_rope_pool(m);
   attnprep::bindings::init_qk_norm_rope(m);
+  attnprep::bindings::init_mla_rope_pool(m);
   attnprep::bindings::init_wire(m);
   attnprep::bindings::init_peer(m);
   attnprep::bindings::init_tensor_import(m);

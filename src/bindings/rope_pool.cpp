@@ -62,17 +62,6 @@ core::KvLayout layout_arg(nb::handle obj) {
   return core::parse_kv_layout(nb::cast<std::string>(obj));
 }
 
-using Import = ImportedTensor (*)(nb::handle, const char*);
-
-// An optional tensor argument: imported into `held` (which keeps it alive)
-// unless None; returns whether it was given.
-bool import_optional(Import import, nb::handle obj, const char* name, ImportedTensor& held, core::TensorArg& arg) {
-  if (obj.is_none()) return false;
-  held = import(obj, name);
-  arg = held.arg;
-  return true;
-}
-
 // Imports every argument, in the signature's order (the first of the wrong
 // type names itself); check_rope_pool(in.args) validates them.
 Imported import_args(Import import, nb::handle q, nb::handle k, nb::handle v, nb::handle positions, nb::handle slots,

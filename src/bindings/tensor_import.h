@@ -42,6 +42,18 @@ ImportedTensor import_metadata(nb::handle obj, const char* what);
 int64_t int_arg(nb::handle obj, const char* op, const char* name, std::optional<int64_t> past_int64 = std::nullopt);
 // `obj` as a number (int or float). TypeError "{op}: {name} must be a number, got {type}".
 double float_arg(nb::handle obj, const char* op, const char* name);
+// import_tensor or import_metadata (the fake kernels' half).
+using Import = ImportedTensor (*)(nb::handle, const char*);
+
+// An optional tensor argument: imported into `held` (which keeps it alive) unless None; returns whether it was given.
+inline bool import_optional(Import import, nb::handle obj, const char* name, ImportedTensor& held,
+                            core::TensorArg& arg) {
+  if (obj.is_none()) return false;
+  held = import(obj, name);
+  arg = held.arg;
+  return true;
+}
+
 // `obj` as a bool. TypeError "{op}: {name} must be a bool, got {type}".
 bool bool_arg(nb::handle obj, const char* op, const char* name);
 

@@ -13,9 +13,6 @@
 namespace attnprep::core {
 namespace {
 
-bool is_float_type(DType d) { return d == DType::Float16 || d == DType::BFloat16 || d == DType::Float32; }
-bool is_fp8(DType d) { return d == DType::Float8E4M3FN || d == DType::Float8E5M2; }
-
 // The pool's head and head_dim sizes, by layout (checked: 3-D or 4-D).
 int64_t pool_heads(const TensorArg& p, KvLayout layout) {
   return p.ndim == 3 ? p.size(1) : layout == KvLayout::NHD ? p.size(2) : p.size(1);
@@ -41,6 +38,19 @@ PoolGeometry pool_geometry(const TensorArg& pool, KvLayout layout) {
 }
 
 int32_t pool_fp8_kind(DType d) { return d == DType::Float8E4M3FN ? 1 : d == DType::Float8E5M2 ? 2 : 0; }
+
+void check_rope_table(bool has_cache, const TensorArg& c, int64_t rotary_dim, double rope_base) {
+  if (has_cache) {
+    if (c.ndim != 2 || c.size(1) != rotary_dim)
+      throw ValueError("cos_sin_cache must have shape [max_position, rotary_dim] = [*, " + std::to_string(rotary_dim) +
+                       "], got " + shape_str(c));
+    if (c.dtype != DType::Float32 && c.dtype != DType::BFloat16)
+      throw ValueError(std::string("cos_sin_cache must be float32 or bfloat16, got ") + dtype_name(c.dtype));
+    require(c.stride(1) == 1, "cos_sin_cache must be contiguous in its last dimension");
+  } else {
+    require(std::isfinite(rope_base) && rope_base > 0, "rope_base must be a positive number");
+  }
+}
 
 void check_cache_write_given(bool v, bool slots, bool k_pool, bool v_pool) {
   require(v == slots && v == k_pool && v == v_pool,
@@ -115,12 +125,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   if (a.has_q_scale) given.push_back({"q_scale", &a.q_scale});
   if (a.has_q_norm) given.push_back({"q_norm_weight", &a.q_norm_weight});
   if (a.has_k_norm) given.push_back({"k_norm_weight", &a.k_norm_weight});
-  for (const auto& [name, t] : given) {
-    if (t->device == q.device) continue;
-    std::string note;
-    for (const auto& [n, u] : given) note += (note.empty() ? "" : ", ") + std::string(n) + ": " + device_str(u->device);
-    throw ValueError("rope_pool_fused expects all tensors on one device", note);
-  }
+  require_one_device(given, "rope_pool_fused expects all tensors on one device");
   require(q.device.type == DeviceType::CUDA || q.device.type == DeviceType::MPS,
           "rope_pool_fused expects CUDA or MPS tensors");
   if (!is_float_type(q.dtype))
@@ -136,17 +141,7 @@ void check_rope_pool(const RopePoolArgs& a) {
   for (const TensorArg* t : {&q, &k, &v, &a.k_pool, &a.v_pool})
     require((!pool && t != &q && t != &k) || t->stride(-1) == 1,
             "rope_pool_fused expects q, k, v and the pools to be contiguous in head_dim");
-  if (a.has_cache) {
-    const TensorArg& c = a.cos_sin_cache;
-    if (c.ndim != 2 || c.size(1) != rot)
-      throw ValueError("cos_sin_cache must have shape [max_position, rotary_dim] = [*, " + std::to_string(rot) +
-                       "], got " + shape_str(c));
-    if (c.dtype != DType::Float32 && c.dtype != DType::BFloat16)
-      throw ValueError(std::string("cos_sin_cache must be float32 or bfloat16, got ") + dtype_name(c.dtype));
-    require(c.stride(1) == 1, "cos_sin_cache must be contiguous in its last dimension");
-  } else {
-    require(std::isfinite(a.rope_base) && a.rope_base > 0, "rope_base must be a positive number");
-  }
+  check_rope_table(a.has_cache, a.cos_sin_cache, rot, a.rope_base);
   // The counts below are tensor sizes (checks 4-8), so never negative; their
   // sum and product are formed without overflow.
   const uint64_t heads = static_cast<uint64_t>(a.num_qo_heads) + static_cast<uint64_t>(a.num_kv_heads);

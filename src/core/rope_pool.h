@@ -68,6 +68,10 @@ void check_cache_write_given(bool v, bool slots, bool k_pool, bool v_pool);
 // All checks, in the documented order; throws ValueError.
 void check_rope_pool(const RopePoolArgs& a);
 
+// The table's checks (rope_pool_fused's 19-22, mla_rope_pool_fused's 17-20): cos_sin_cache's shape [max_position,
+// rotary_dim], dtype and last stride when given, else rope_base.
+void check_rope_table(bool has_cache, const TensorArg& cos_sin_cache, int64_t rotary_dim, double rope_base);
+
 // Where a slot's pool row lives, for checked arguments: slot s is page
 // s / page_size, offset s % page_size; strides in elements.
 struct PoolGeometry {

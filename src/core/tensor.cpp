@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/errors.h"
+
 #include <deque>
 #include <mutex>
 
@@ -164,6 +166,16 @@ std::string dtype_device_note(std::initializer_list<std::pair<const char*, const
   for (const auto& [name, t] : tensors)
     s += (s.empty() ? "" : ", ") + std::string(name) + ": " + dtype_name(t->dtype) + " on " + device_str(t->device);
   return s;
+}
+
+void require_one_device(const std::vector<std::pair<const char*, const TensorArg*>>& tensors, const char* message) {
+  for (const auto& [name, t] : tensors) {
+    if (t->device == tensors.front().second->device) continue;
+    std::string note;
+    for (const auto& [n, u] : tensors)
+      note += (note.empty() ? "" : ", ") + std::string(n) + ": " + device_str(u->device);
+    throw ValueError(message, note);
+  }
 }
 
 std::string shape_note(std::initializer_list<std::pair<const char*, const TensorArg*>> tensors) {

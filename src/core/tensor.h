@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace attnprep::core {
 
@@ -73,6 +74,10 @@ enum class DType : int32_t {
   Other,
 };
 
+// The element types the rope kernels compute in, and the fp8 formats of their caches.
+inline bool is_float_type(DType d) { return d == DType::Float16 || d == DType::BFloat16 || d == DType::Float32; }
+inline bool is_fp8(DType d) { return d == DType::Float8E4M3FN || d == DType::Float8E5M2; }
+
 // How torch prints the dtype: "torch.float64". Used in error messages.
 const char* dtype_name(DType dtype);
 // The dtype torch prints as `name` ("torch.float64"); a name of none above
@@ -127,6 +132,8 @@ std::string device_str(const Device& device);
 // "q: torch.bfloat16 on cuda:0, k: ...": the notes of the checks on dtypes
 // and devices (core::ValueError::note).
 std::string dtype_device_note(std::initializer_list<std::pair<const char*, const TensorArg*>> tensors);
+// Throws ValueError(message) unless every tensor is on the first one's device; the note lists every tensor's device.
+void require_one_device(const std::vector<std::pair<const char*, const TensorArg*>>& tensors, const char* message);
 // "q: torch.Size([...]), k: ...": the notes of the checks on shapes.
 std::string shape_note(std::initializer_list<std::pair<const char*, const TensorArg*>> tensors);
 

@@ -21,11 +21,12 @@ __device__ __forceinline__ float rotate_second(float a, float b, float2 r) {
   return __fmaf_rn(b, r.x, __fmul_rn(a, r.y));
 }
 
-// (cos, sin) of frequency i at position pos: from rope_base, or read from
-// cos_sin_cache (NaN for a position outside the table, which is never read).
-// inv_freq_i is p.inv_freq[i], read by the caller (before the kernel's wait).
-__device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const RopePoolPointers& ptr, int64_t pos,
-                                                bool pos_ok, int i, float inv_freq_i) {
+// (cos, sin) of frequency i at position pos: from rope_base, or read from cos_sin_cache (NaN for a position outside
+// the table, which is never read). inv_freq_i is p.inv_freq[i], read by the caller (before the kernel's wait). P: a
+// parameter block with RopePoolParams' table fields (RopePoolParams, MlaRopeParams).
+template <typename P>
+__device__ __forceinline__ float2 token_cos_sin(const P& p, const void* cos_sin_cache, int64_t pos, bool pos_ok, int i,
+                                                float inv_freq_i) {
   float c, s;
   if (!p.use_cache) {
     // float32 angle; sin/cos from a double rounded once below 2^52, with
@@ -36,11 +37,11 @@ __device__ __forceinline__ float2 token_cos_sin(const RopePoolParams& p, const R
     const int half = p.rotary_dim / 2;
     const int64_t row = pos * p.cache_stride;
     if (p.cache_bf16) {
-      const auto* cache = static_cast<const __nv_bfloat16*>(ptr.cos_sin_cache);
+      const auto* cache = static_cast<const __nv_bfloat16*>(cos_sin_cache);
       c = __bfloat162float(cache[row + i]);
       s = __bfloat162float(cache[row + half + i]);
     } else {
-      const auto* cache = static_cast<const float*>(ptr.cos_sin_cache);
+      const auto* cache = static_cast<const float*>(cos_sin_cache);
       c = cache[row + i];
       s = cache[row + half + i];
     }

@@ -119,6 +119,20 @@ __device__ __forceinline__ float group_squares(const Group<T, N>& g) {
   return s[0];
 }
 
+// A thread's run of kG groups (absent ones count as zeros) summed pairwise: each group's subtree, then adjacent
+// groups' sums, and so on: the contract's order over the run.
+template <typename T, int N, int kG>
+__device__ __forceinline__ float run_squares(const Group<T, N> (&x)[kG], const bool (&has)[kG]) {
+  float part[kG];
+#pragma unroll
+  for (int j = 0; j < kG; ++j) part[j] = has[j] ? group_squares(x[j]) : 0.f;
+#pragma unroll
+  for (int step = 1; step < kG; step *= 2)
+#pragma unroll
+    for (int j = 0; j < kG; j += 2 * step) part[j] = __fadd_rn(part[j], part[j + step]);
+  return part[0];
+}
+
 // 1 / sqrt(ss / head_dim + eps), each step correctly rounded (the root and
 // the reciprocal: rcp_sqrt_rn).
 __device__ __forceinline__ float norm_factor(float ss, const RopePoolParams& p) {

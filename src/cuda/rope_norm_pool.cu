@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, Policy::general_norm_min_blocks_per_
   const bool write_pool = place.write_pool;
   const NormWeightBits first_w = start_norm_weights<T>(p, ptr);  // staged around the table
   for (int i = threadIdx.x; i < half; i += blockDim.x)
-    cs[i] = token_cos_sin(p, ptr, freq_position(p, ptr, t, place.pos, i), place.pos_ok, i, p.inv_freq[i]);
+    cs[i] = token_cos_sin(p, ptr.cos_sin_cache, freq_position(p, ptr, t, place.pos, i), place.pos_ok, i, p.inv_freq[i]);
   finish_norm_weights<T>(norm_w, p, ptr, first_w);
   __syncthreads();
 
@@ -115,14 +115,7 @@ __global__ void __launch_bounds__(kThreads, Policy::general_norm_min_blocks_per_
     // Sum of squares: each group's pairwise, then the lane's groups pairwise
     // (absent ones are zeros, which add nothing), then across the head's
     // lanes, nearest first: the contract's tree over the padded head.
-    float part[kGroups];
-#pragma unroll
-    for (int j = 0; j < kGroups; ++j) part[j] = has[j] ? group_squares(x[j]) : 0.f;
-#pragma unroll
-    for (int step = 1; step < kGroups; step *= 2)
-#pragma unroll
-      for (int j = 0; j < kGroups; j += 2 * step) part[j] = __fadd_rn(part[j], part[j + step]);
-    float ss = part[0];
+    float ss = run_squares(x, has);
     for (int off = 1; off < G; off *= 2) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, off));
 
     if (h.normed) {

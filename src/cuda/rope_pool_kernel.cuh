@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
   if constexpr (kTableWarp) {
     if (table_warp) {
       for (int i = lane32; i < half; i += 32) {
-        const float2 r = token_cos_sin(p, ptr, freq_position(p, ptr, t, pos, i), pos_ok, i,
+        const float2 r = token_cos_sin(p, ptr.cos_sin_cache, freq_position(p, ptr, t, pos, i), pos_ok, i,
                                        i < 32 * kTableWarpParked ? cs[i] : p.inv_freq[i]);
         cs[i] = r.x;
         cs[kTableSin + i] = r.y;
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(C::threads, C::min_blocks_per_sm)
     }
   } else if constexpr (!kRowCs) {
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      const float2 r = token_cos_sin(p, ptr, freq_position(p, ptr, t, pos, i), pos_ok, i,
+      const float2 r = token_cos_sin(p, ptr.cos_sin_cache, freq_position(p, ptr, t, pos, i), pos_ok, i,
                                      i == static_cast<int>(threadIdx.x) ? cs[i] : p.inv_freq[i]);
       cs[i] = r.x;
       cs[kTableSin + i] = r.y;

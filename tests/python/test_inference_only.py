@@ -27,6 +27,15 @@ def calls(device):
         "usp_merge_heads": lambda: attnprep.usp_merge_heads(t(2, 3, 1, 2, 64, grad=True)),
         "pack_qkv_destination_major": lambda: attnprep.pack_qkv_destination_major(q, t(4, 2, 64, grad=True), v, 2),
         "rope_pool_fused": lambda: attnprep.rope_pool_fused(q, k, v, idx, idx, *pools, q_norm_weight=weight, **kw),
+        "mla_rope_pool_fused": lambda: attnprep.mla_rope_pool_fused(
+            t(4, 2, 96),
+            t(4, 64),
+            t(4, 32),
+            idx,
+            idx,
+            torch.zeros(8, 96, device=device),
+            kv_norm_weight=t(64, grad=True),
+        ),
     }
 
 
@@ -39,7 +48,9 @@ def outcome(fn):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("op", ["usp_merge_heads", "pack_qkv_destination_major", "rope_pool_fused"])
+@pytest.mark.parametrize(
+    "op", ["usp_merge_heads", "pack_qkv_destination_major", "rope_pool_fused", "mla_rope_pool_fused"]
+)
 def test_tensors_that_require_grad_are_refused_in_grad_mode(device, op):
     fn = calls(device)[op]
     assert outcome(fn) == MESSAGE.format(op)

@@ -104,6 +104,19 @@ def test_mla_latent_cache_loop_against_transformers_on_the_cpu():
     assert got != want
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_mla_with_attnprep_float32_token_for_token():
+    """DeepSeek-V3 with attnprep.mla_rope_pool_fused writing the paged latent cache (kv_a_layernorm fused, q
+    rotated in place): float32 tokens equal transformers' generate over 48 new tokens."""
+    pytest.importorskip("transformers")
+    model = pd.small_model("deepseek_v3", torch.float32, "cuda")
+    requests = lambda: pd.make_requests(model, (5, 19, 3, 33), [48, 24, 48, 16], torch.Generator().manual_seed(1))  # noqa: E731
+    want = reference_tokens(copy.deepcopy(model), requests())
+    engine = pd.make_engine(model, page_size=16, num_pages=64, backend="attnprep")
+    assert engine.generate(requests(), arrivals=[0, 0, 2, 5]) == want
+    assert sorted(engine.pages.free_pages) == list(range(64))
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt_neox", "qwen3_vl"])
 def test_fixed_shape_decode_steps_on_the_cpu(family):
     """Decode steps padded to a bucket, pages to a fixed count, context as a
@@ -200,7 +213,7 @@ def test_bf16_logits_of_the_loop_on_the_cpu(family):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + ["deepseek_v3"])
 def test_bf16_logits_with_attnprep_against_transformers_bf16(family):
     """bf16 model with rope_pool_fused (Qwen3: its norm fused) against
     transformers' own bf16 forward: every step's logits within the stated
@@ -211,15 +224,16 @@ def test_bf16_logits_with_attnprep_against_transformers_bf16(family):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_fp8_pool_logits_against_the_bf16_pool():
-    """fp8 (e4m3, unit scales) instead of bf16 cache pages: the error it adds
-    to the first step's logits (the prefill reads its keys and values back
-    from the cache), reported."""
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3"])
+def test_fp8_pool_logits_against_the_bf16_pool(family):
+    """fp8 (e4m3, unit scales) instead of bf16 cache pages (DeepSeek-V3: its
+    latent pages): the error it adds to the first step's logits (the prefill
+    reads its keys and values back from the cache), reported."""
     pytest.importorskip("transformers")
     first = {}
     for pool_dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        engine = pd.PagedEngine(
-            pd.small_model("llama", torch.bfloat16, "cuda"), backend="attnprep", pool_dtype=pool_dtype
+        engine = pd.make_engine(
+            pd.small_model(family, torch.bfloat16, "cuda"), num_pages=64, backend="attnprep", pool_dtype=pool_dtype
         )
         engine.logits = {}
         g = torch.Generator().manual_seed(2)
@@ -227,7 +241,7 @@ def test_fp8_pool_logits_against_the_bf16_pool():
         first[pool_dtype] = engine.logits[0][0]
     err = (first[torch.float8_e4m3fn] - first[torch.bfloat16]).abs().max().item()
     scale = first[torch.bfloat16].abs().max().item()
-    print(f"fp8 pool: max |logit error| {err:.3g} against max |logit| {scale:.3g}")
+    print(f"{family} fp8 pool: max |logit error| {err:.3g} against max |logit| {scale:.3g}")
     assert 0 < err < 0.25 * scale  # fp8 does change them, within a sanity bound; the value is what gets reported
 
 
