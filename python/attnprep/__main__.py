@@ -20,8 +20,10 @@ from attnprep import _bench
 from attnprep.testing import (
     cos_sin,
     merge_reference,
+    mla_reference,
     mrope_cos_sin_rows,
     pack_reference,
+    rms_norm_reference,
     rope_error_ratio,
     rope_reference,
 )
@@ -106,6 +108,44 @@ def _check_mrope():
         if not all(torch.equal(a, b) for a, b in zip(got, want)):
             raise AssertionError(f"M-RoPE {section} differs from its gathered rows")
     return "M-RoPE (Qwen2.5-VL sections, Qwen3-VL interleaved) bit-exact with its gathered rows"
+
+
+def _check_qk_norm_rope():
+    B, S, H, D = 2, 33, 4, 128
+    q, k = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w = torch.rand(H * D, device="cuda") + 0.5  # one RMS over all of a token's heads (Wan)
+    rows = attnprep.rope_cos_sin_cache(D, S, 1e4, device="cuda")  # a row per token, shared by the batch
+    q_rot, _ = attnprep.qk_norm_rope(q, k, cos_sin_cache=rows, is_neox=False, q_norm_weight=w, k_norm_weight=w)
+    normed = rms_norm_reference(q.flatten(-2), w).unflatten(-1, (H, D)).flatten(0, 1)
+    cos, sin = cos_sin(torch.arange(S).repeat(B), D, cos_sin_cache=rows)
+    want = rope_reference(normed, cos, sin, D, False)
+    ratio = rope_error_ratio(q_rot.flatten(0, 1), want, normed, D, False)
+    if ratio > 1:
+        raise AssertionError(f"error {ratio:.2f}x the tolerance")
+    return "batched, the per-token norm then GPT-J RoPE, within the tolerance of float64"
+
+
+def _check_mla():
+    T, H, L, R = 33, 16, 512, 64
+    q = torch.randn(T, H, 128 + R, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(T, L + R, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(L, device="cuda") + 0.5
+    positions, slots = torch.randint(0, 4096, (T,), device="cuda"), torch.randperm(128, device="cuda")[:T]
+    cache = torch.zeros(2, 64, L + R, device="cuda", dtype=torch.bfloat16)
+    q_rot, k_pe_rot, _, _ = attnprep.mla_rope_pool_fused(
+        q, kv[:, :L], kv[:, L:], positions, slots, cache, kv_norm_weight=w
+    )
+    want_q, want_pe, latent = mla_reference(q, kv[:, :L], kv[:, L:], positions, kv_norm_weight=w)
+    worst = max(
+        rope_error_ratio(q_rot[..., -R:], want_q[..., -R:], q[..., -R:], R, False),
+        rope_error_ratio(k_pe_rot[:, None], want_pe[:, None], kv[:, None, L:], R, False),
+    )
+    if worst > 1:
+        raise AssertionError(f"error {worst:.2f}x the tolerance")
+    rows = cache[slots // 64, slots % 64]
+    if not (torch.equal(rows[:, :L].cpu(), latent) and torch.equal(rows[:, L:], k_pe_rot)):
+        raise AssertionError("the latent cache rows differ from the normalized kv_c and the rotated k_pe")
+    return "DeepSeek-V3's geometry: RoPE within tolerance, the normalized latent bit for bit"
 
 
 def _check_messages():
@@ -201,6 +241,8 @@ def main(argv=None) -> int:
         ok &= _check("usp_merge_heads (CUDA)", _check_merge)
         ok &= _check("rope_pool_fused (CUDA)", _check_rope)
         ok &= _check("rope_pool_fused, M-RoPE (CUDA)", _check_mrope)
+        ok &= _check("qk_norm_rope (CUDA)", _check_qk_norm_rope)
+        ok &= _check("mla_rope_pool_fused (CUDA)", _check_mla)
     else:
         print("  skip  CUDA ops: no CUDA device here" if info["cuda"] else "  skip  CUDA ops: built without CUDA")
 

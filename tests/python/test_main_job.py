@@ -30,7 +30,13 @@ def test_main_job_without_flags():
     assert out.startswith("attnprep ") and "Self-check" in out
     assert "  ok    validation" in out
     if torch.cuda.is_available():
-        for op in ("pack_qkv_destination_major", "usp_merge_heads", "rope_pool_fused"):
+        for op in (
+            "pack_qkv_destination_major",
+            "usp_merge_heads",
+            "rope_pool_fused",
+            "qk_norm_rope",
+            "mla_rope_pool_fused",
+        ):
             assert f"  ok    {op} (CUDA)" in out
         assert "### Short benchmark" in out and "| attnprep us |" in out
         assert out.rstrip().endswith("self-check passed: every op ran on this GPU and matched its reference")
