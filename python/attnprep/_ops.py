@@ -204,15 +204,21 @@ def _token_norm_fake(x, weight, eps, offset, out):
     _C._qk_token_rms_norm(x, weight, eps, offset, out, metadata_only=True)
 
 
+def mla_check_slots(args, inplace) -> None:
+    """mla_rope_pool_fused's ``check_slots``: the documented checks first, then the host check (``args`` in the
+    extension's order without ``inplace``)."""
+    _C.mla_rope_pool_check(*args, inplace)
+    kv_cache = args[5]
+    slots = kv_cache.shape[0] * (kv_cache.shape[1] if kv_cache.dim() == 3 else 1)
+    check_slots_on_host(args[4], slots, args[3], args[8])
+
+
 def mla_run(inplace, *schema_args):
     """mla_rope_pool_fused's extension call after the host check of ``check_slots`` (the schema's last argument);
     the extension takes ``inplace`` last instead."""
     *args, check_slots = schema_args
     if check_slots:
-        _C.mla_rope_pool_check(*args, inplace)  # the documented checks come first
-        kv_cache = args[5]
-        slots = kv_cache.shape[0] * (kv_cache.shape[1] if kv_cache.dim() == 3 else 1)
-        check_slots_on_host(args[4], slots, args[3], args[8])
+        mla_check_slots(args, inplace)
     return _C.mla_rope_pool_fused(*args, inplace)
 
 
@@ -222,6 +228,14 @@ def _mla(*args):
 
 def _mla_inplace(*args):
     mla_run(True, *args)
+
+
+def _mla_mps(*args):
+    return _metal_module().mla_rope_pool_fused(False, *args)[:2]
+
+
+def _mla_inplace_mps(*args):
+    _metal_module().mla_rope_pool_fused(True, *args)
 
 
 def _mla_fake(q, kv_c, k_pe, *rest):
@@ -249,3 +263,5 @@ for _name, _kernel, _fake in [
 _lib.impl("rope_pool_fused", _rope_mps, "MPS")
 _lib.impl("_qk_token_rms_norm", lambda *args: _metal_module().token_rms_norm(*args), "MPS")
 _lib.impl("rope_pool_fused_inplace", _rope_inplace_mps, "MPS")
+_lib.impl("mla_rope_pool_fused", _mla_mps, "MPS")
+_lib.impl("mla_rope_pool_fused_inplace", _mla_inplace_mps, "MPS")

@@ -1,4 +1,5 @@
-"""rope_pool_fused on Apple GPUs: the op's kernel for the MPS device (and qk_norm_rope's per-token norm).
+"""rope_pool_fused and mla_rope_pool_fused on Apple GPUs: their kernels for the MPS device (and qk_norm_rope's
+per-token norm).
 
 The kernels are src/metal/rope_pool.metal and token_rms_norm.metal (shipped
 in the package as attnprep/metal/). It runs through torch's shader-library API
@@ -76,6 +77,49 @@ def rope_pool_fused(*args):
             group_size=threads,
         )
     return q_rot, k_rot, a.k_pool, a.v_pool
+
+
+def mla_rope_pool_fused(inplace, *schema_args):
+    """mla_rope_pool_fused's Metal kernel (``mla_rope_pool`` in rope_pool.metal); ``schema_args`` as the registered
+    op takes them (``check_slots`` last)."""
+    from ._ops import mla_check_slots
+
+    *args, check_slots = schema_args
+    if check_slots:
+        mla_check_slots(args, inplace)
+    q, kv_c, k_pe, positions, slots, kv_cache = args[:6]
+    cos_sin_cache, weight, kpe_cache = args[8], args[9], args[11]
+    q_rot = q if inplace else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_pe_rot = k_pe if inplace else torch.empty(k_pe.shape, dtype=k_pe.dtype, device=k_pe.device)
+    params, groups, threads = _C.mla_rope_pool_metal_plan(*args, inplace, q_rot, k_pe_rot)
+    if groups:
+        block = torch.frombuffer(bytearray(params), dtype=torch.uint8).to(q.device)
+        # a combined cache: k_pe's values follow kv_c's in each row
+        kpe = kpe_cache if kpe_cache is not None else kv_cache[..., kv_c.shape[1] :]
+        # buffers the kernel never reads (no table, no weight, the other dtype's slot) take any tensor
+        table = cos_sin_cache if cos_sin_cache is not None else positions
+        w = weight if weight is not None else q
+        w32, w_t = (w, q) if w.dtype == torch.float32 else (q, w)
+        kernel = getattr(_library(), "mla_" + _KERNELS[q.dtype])
+        kernel(
+            q,
+            kv_c,
+            k_pe,
+            q_rot,
+            k_pe_rot,
+            kv_cache,
+            kpe,
+            positions,
+            slots,
+            table,
+            table,
+            block,
+            w32,
+            w_t,
+            threads=groups * threads,
+            group_size=threads,
+        )
+    return q_rot, k_pe_rot, kv_cache, kpe_cache
 
 
 _TOKEN_NORM_KERNELS = {

@@ -54,7 +54,7 @@ Imported import_args(Import import, nb::handle q, nb::handle kv_c, nb::handle k_
 }
 
 // Validates, allocates q_rot and k_pe_rot (unless inplace) and launches; returns (q_rot, k_pe_rot, kv_cache,
-// kpe_cache).
+// kpe_cache). Returns None for MPS tensors before the checks: their torch-registered kernel runs the same checks.
 nb::object mla_rope_pool_fused(nb::handle q, nb::handle kv_c, nb::handle k_pe, nb::handle positions, nb::handle slots,
                                nb::handle kv_cache, nb::handle rope_base, nb::handle is_neox, nb::handle cos_sin_cache,
                                nb::handle kv_norm_weight, nb::handle norm_eps, nb::handle kpe_cache,
@@ -63,6 +63,7 @@ nb::object mla_rope_pool_fused(nb::handle q, nb::handle kv_c, nb::handle k_pe, n
       import_tensor, q, kv_c, k_pe, positions, slots, kv_cache,
       {rope_base, is_neox, cos_sin_cache, kv_norm_weight, norm_eps, kpe_cache, cache_scale, q_scale, inplace});
   const core::MlaRopeArgs& a = in.args;
+  if (a.q.device.type == core::DeviceType::MPS) return nb::none();
   core::check_mla_rope_pool(a);
   nb::object q_rot = nb::borrow(q), k_pe_rot = nb::borrow(k_pe);
   core::TensorArg qo = a.q, po = a.k_pe;
@@ -110,6 +111,23 @@ void mla_rope_pool_check(nb::handle q, nb::handle kv_c, nb::handle k_pe, nb::han
   core::check_mla_rope_pool(in.args);
 }
 
+// The Metal dispatch (parameter block as bytes, threadgroups, threads per group) for checked arguments and the given
+// outputs: python/attnprep/metal.py runs the kernel on torch's MPS stream with exactly these.
+nb::tuple mla_rope_pool_metal_plan(nb::handle q, nb::handle kv_c, nb::handle k_pe, nb::handle positions,
+                                   nb::handle slots, nb::handle kv_cache, nb::handle rope_base, nb::handle is_neox,
+                                   nb::handle cos_sin_cache, nb::handle kv_norm_weight, nb::handle norm_eps,
+                                   nb::handle kpe_cache, nb::handle cache_scale, nb::handle q_scale, nb::handle inplace,
+                                   nb::handle q_rot, nb::handle k_pe_rot) {
+  const Imported in = import_args(
+      import_tensor, q, kv_c, k_pe, positions, slots, kv_cache,
+      {rope_base, is_neox, cos_sin_cache, kv_norm_weight, norm_eps, kpe_cache, cache_scale, q_scale, inplace});
+  core::check_mla_rope_pool(in.args);
+  const core::MlaMetalDispatch d = core::plan_mla_rope_pool_metal(in.args, import_tensor(q_rot, "q_rot").arg,
+                                                                  import_tensor(k_pe_rot, "k_pe_rot").arg);
+  return nb::make_tuple(nb::bytes(reinterpret_cast<const char*>(&d.params), sizeof(d.params)), d.threadgroups,
+                        d.threads_per_group);
+}
+
 }  // namespace
 
 #define ATTNPREP_MLA_ARGS                                                                                          \
@@ -120,9 +138,12 @@ void mla_rope_pool_check(nb::handle q, nb::handle kv_c, nb::handle k_pe, nb::han
 
 void init_mla_rope_pool(nb::module_& m) {
   m.def("mla_rope_pool_fused", &mla_rope_pool_fused, ATTNPREP_MLA_ARGS,
-        "MLA RoPE + latent-cache write; returns (q_rot, k_pe_rot, kv_cache, kpe_cache).");
+        "MLA RoPE + latent-cache write; returns (q_rot, k_pe_rot, kv_cache, kpe_cache), or None after reading the "
+        "arguments for MPS tensors.");
   m.def("mla_rope_pool_check", &mla_rope_pool_check, ATTNPREP_MLA_ARGS, nb::arg("metadata_only") = false,
         "Runs mla_rope_pool_fused's checks only (ValueError on failure).");
+  m.def("mla_rope_pool_metal_plan", &mla_rope_pool_metal_plan, ATTNPREP_MLA_ARGS, nb::arg("q_rot").none(),
+        nb::arg("k_pe_rot").none(), "(MlaRopeParams bytes, threadgroups, threads per group) of the Metal kernel.");
 }
 
 #undef ATTNPREP_MLA_ARGS

@@ -78,7 +78,8 @@ void check_mla_rope_pool(const MlaRopeArgs& a) {
   if (a.has_cache_scale) given.push_back({"cache_scale", &a.cache_scale});
   if (a.has_q_scale) given.push_back({"q_scale", &a.q_scale});
   require_one_device(given, "mla_rope_pool_fused expects all tensors on one device");
-  require(q.device.type == DeviceType::CUDA, "mla_rope_pool_fused expects CUDA tensors");
+  require(q.device.type == DeviceType::CUDA || q.device.type == DeviceType::MPS,
+          "mla_rope_pool_fused expects CUDA or MPS tensors");
   if (!is_float_type(q.dtype))
     throw ValueError(std::string("mla_rope_pool_fused supports float16, bfloat16 and float32, got ") +
                      dtype_name(q.dtype));
@@ -130,6 +131,8 @@ void check_mla_rope_pool(const MlaRopeArgs& a) {
   if (a.has_cache_scale) check_scale(a.cache_scale);
   if (a.has_q_scale) check_scale(a.q_scale);
   require(!a.has_q_scale || !a.inplace, "q_scale needs inplace=False: q_rot is float8_e4m3fn");
+  require(!(fp8 || a.has_q_scale) || q.device.type == DeviceType::CUDA,
+          "fp8 caches and fp8 q are supported on CUDA only");
 
   // What the kernel writes must not race with itself or with what it reads.
   std::vector<const TensorArg*> reads = {&q, &kv, &pe, &a.positions, &a.slots};
@@ -218,6 +221,11 @@ MlaRopeParams make_mla_rope_params(const MlaRopeArgs& a, const TensorArg& q_rot,
   if (a.has_kpe_cache) vec = vec && aligned(a.kpe_cache, w * a.kpe_cache.itemsize);
   p.width = static_cast<ap_i32>(vec ? w : 1);
   return p;
+}
+
+MlaMetalDispatch plan_mla_rope_pool_metal(const MlaRopeArgs& a, const TensorArg& q_rot, const TensorArg& k_pe_rot) {
+  // The Metal kernel moves one element at a time and ignores `width`.
+  return {make_mla_rope_params(a, q_rot, k_pe_rot), a.q.size(0), kMlaThreads};
 }
 
 }  // namespace attnprep::core

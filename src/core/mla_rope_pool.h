@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "core/mla_rope_pool_params.h"
+#include "core/rope_pool_params.h"
 #include "core/tensor.h"
 
 namespace attnprep::core {
@@ -47,5 +47,14 @@ int64_t mla_cache_slots(const TensorArg& kv_cache);
 
 // How the kernels are launched: a block (threadgroup) per token.
 constexpr int32_t kMlaThreads = 128;
+
+// The Metal kernel's dispatch (mla_rope_pool in src/metal/rope_pool.metal), built here once for the MPS dispatcher
+// (python/attnprep/metal.py through the binding) and for the Linux emulation.
+struct MlaMetalDispatch {
+  MlaRopeParams params;
+  int64_t threadgroups;
+  int32_t threads_per_group;
+};
+MlaMetalDispatch plan_mla_rope_pool_metal(const MlaRopeArgs& a, const TensorArg& q_rot, const TensorArg& k_pe_rot);
 
 }  // namespace attnprep::core

@@ -1,5 +1,6 @@
 #include "cpu/rope_pool_reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -163,6 +164,43 @@ RopePoolReference rope_pool_reference(const core::RopePoolArgs& a) {
     if (ok && slot >= 0 && slot < slots) r.pool_writer[static_cast<size_t>(slot)] = t;
   }
   return r;
+}
+
+MlaReference mla_rope_pool_reference(const core::MlaRopeArgs& a) {
+  const int64_t T = a.q.size(0), heads = a.q.size(1), R = a.k_pe.size(1), L = a.kv_c.size(1);
+  core::RopePoolArgs r;
+  r.q = a.q;  // its last R elements of every head
+  r.q.shape[2] = R;
+  r.q.data = static_cast<unsigned char*>(a.q.data) + (a.q.size(2) - R) * a.q.itemsize;
+  r.k = core::TensorArg(a.k_pe);  // [T, 1, R]
+  r.k.ndim = 3;
+  r.k.shape[1] = 1;
+  r.k.shape[2] = R;
+  r.k.strides[1] = R;
+  r.k.strides[2] = a.k_pe.strides[1];
+  r.positions = a.positions;
+  r.has_pool = false;
+  r.has_cache = a.has_cache;
+  r.cos_sin_cache = a.cos_sin_cache;
+  r.rope_base = a.rope_base;
+  r.is_neox = a.is_neox;
+  r.head_dim = R;
+  r.num_qo_heads = heads;
+  r.num_kv_heads = 1;
+  MlaReference m;
+  m.rope = rope_pool_reference(r);
+  m.latent.resize(static_cast<size_t>(T * L));
+  std::vector<float> row(static_cast<size_t>(L));
+  m.cache_writer.assign(static_cast<size_t>(core::mla_cache_slots(a.kv_cache)), -1);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < L; ++e) row[static_cast<size_t>(e)] = static_cast<float>(read_element(a.kv_c, t, e, 0));
+    const std::vector<float> y = a.has_norm ? rms_norm_head(row, a.kv_norm_weight, a.kv_c.dtype, a.norm_eps, 0.0) : row;
+    std::copy(y.begin(), y.end(), m.latent.begin() + t * L);
+    const int64_t slot = read_index(a.slots, t);
+    if (m.rope.pos_ok[static_cast<size_t>(t)] && slot >= 0 && slot < static_cast<int64_t>(m.cache_writer.size()))
+      m.cache_writer[static_cast<size_t>(slot)] = t;
+  }
+  return m;
 }
 
 }  // namespace attnprep::cpu

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/mla_rope_pool.h"
 #include "core/rope_pool.h"
 
 namespace attnprep::cpu {
@@ -19,6 +20,15 @@ struct RopePoolReference {
 
 // Reads the host tensors of checked arguments (float16/bfloat16/float32).
 RopePoolReference rope_pool_reference(const core::RopePoolArgs& a);
+
+// mla_rope_pool_fused's reference: rope_pool_fused's over q's rope parts ([T, heads, R] views of q, as its q) and
+// k_pe (as a k of one head), without pools; kv_c normalized row by row (rms_norm_head over L), and the writers.
+struct MlaReference {
+  RopePoolReference rope;             // q_rot [T, heads, R] and k_rot [T, 1, R]: the rotated rope parts
+  std::vector<float> latent;          // [T, L]: kv_c normalized (in its dtype) or copied
+  std::vector<int64_t> cache_writer;  // per cache slot: the token that writes it, or -1
+};
+MlaReference mla_rope_pool_reference(const core::MlaRopeArgs& a);
 
 // One head RMS-normalized as docs/contract.md defines the QK norm, in float32
 // step by step: x holds the head's values (exact in dtype `dt`), weight is

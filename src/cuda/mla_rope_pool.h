@@ -3,7 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "core/mla_rope_pool_params.h"
+#include "core/rope_pool_params.h"
 #include "core/tensor.h"
 
 namespace attnprep::cuda {

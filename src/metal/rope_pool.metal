@@ -18,6 +18,30 @@ inline float rope_cache_value(device const float* cache32, device const ushort* 
   return cache32[i];
 }
 
+// (cos, sin) of frequency i at position pos, as the CUDA kernels' token_cos_sin: from inv_freq (precise trig, never
+// the fast variants: angles reach 1e6 rad), or the table row (NaN for a position outside it, which is never read).
+// P: RopePoolParams or MlaRopeParams.
+struct RopeCosSin {
+  float c, s;
+};
+template <typename P>
+inline RopeCosSin rope_cos_sin(constant P& p, long pos, bool pos_ok, int i, device const float* cache32,
+                               device const ushort* cache16) {
+  RopeCosSin r;
+  if (p.use_cache == 0) {
+    const float angle = float(pos) * p.inv_freq[i];
+    r.c = precise::cos(angle);
+    r.s = precise::sin(angle);
+  } else if (pos_ok) {
+    r.c = rope_cache_value(cache32, cache16, p.cache_bf16, pos * p.cache_stride + i);
+    r.s = rope_cache_value(cache32, cache16, p.cache_bf16, pos * p.cache_stride + p.rotary_dim / 2 + i);
+  } else {
+    r.c = as_type<float>(0x7fc00000u);
+    r.s = r.c;
+  }
+  return r;
+}
+
 template <typename T>
 inline void rope_store(device T* base, long i, float value) {
   base[i] = T(value);
@@ -27,7 +51,7 @@ inline void rope_store(device T* base, long i, float value) {
 // (a binary counter of power-of-two blocks, leftovers added from the smallest, as the padded tree sums them).
 template <typename T>
 inline float rope_head_inv(device const T* x, long base, int D, float eps) {
-  float stack[10];  // head_dim <= 512: at most 10 blocks pending
+  float stack[12];  // head_dim <= 512, kv_lora_rank <= 2048: at most 12 blocks pending
   int depth = 0;
   for (int d = 0; d < D; ++d) {
     const float f = float(x[base + d]);
@@ -106,22 +130,9 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
         p.mrope == 0
             ? axis_pos[0]
             : axis_pos[rope_mrope_axis(p.mrope, p.mrope_section[0], p.mrope_section[1], p.mrope_section[2], i)];
-    float c;
-    float s;
-    if (p.use_cache == 0) {
-      // float32 angle; precise trig (never the fast variants: angles reach 1e6 rad)
-      const float angle = float(pos) * p.inv_freq[i];
-      c = precise::cos(angle);
-      s = precise::sin(angle);
-    } else if (pos_ok) {
-      c = rope_cache_value(cache32, cache16, p.cache_bf16, pos * p.cache_stride + i);
-      s = rope_cache_value(cache32, cache16, p.cache_bf16, pos * p.cache_stride + half_rot + i);
-    } else {
-      c = as_type<float>(0x7fc00000u);
-      s = c;
-    }
-    cos_t[i] = c;
-    sin_t[i] = s;
+    const RopeCosSin r = rope_cos_sin(p, pos, pos_ok, i, cache32, cache16);
+    cos_t[i] = r.c;
+    sin_t[i] = r.s;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
@@ -216,3 +227,90 @@ kernel void rope_pool(device const T* q [[buffer(0)]], device const T* k [[buffe
 ATTNPREP_ROPE_POOL_INSTANCE(half)
 ATTNPREP_ROPE_POOL_INSTANCE(bfloat)
 ATTNPREP_ROPE_POOL_INSTANCE(float)
+
+// mla_rope_pool_fused for Apple GPUs, the semantics of src/cuda/mla_rope_pool.cu: a threadgroup per token builds its
+// cos/sin table and kv_c's norm factor, writes the latent row, then its threads walk the rotation pairs of q's rope
+// parts and of k_pe, then q's other elements where q_rot is not q. Caches and q_rot in the model's dtype.
+template <typename T>
+kernel void mla_rope_pool(device const T* q [[buffer(0)]], device const T* kv_c [[buffer(1)]],
+                          device const T* k_pe [[buffer(2)]], device T* q_rot [[buffer(3)]],
+                          device T* k_pe_rot [[buffer(4)]], device T* kv_cache [[buffer(5)]],
+                          device T* kpe_cache [[buffer(6)]], device const int* positions [[buffer(7)]],
+                          device const int* slots [[buffer(8)]], device const float* cache32 [[buffer(9)]],
+                          device const ushort* cache16 [[buffer(10)]], constant MlaRopeParams& p [[buffer(11)]],
+                          device const float* w32 [[buffer(12)]], device const T* wT [[buffer(13)]],
+                          uint group [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]],
+                          uint nthreads [[threads_per_threadgroup]]) {
+  threadgroup float cos_t[ATTNPREP_ROPE_MAX_HALF];
+  threadgroup float sin_t[ATTNPREP_ROPE_MAX_HALF];
+  threadgroup float inv_t[1];
+  if (long(group) >= p.num_tokens) return;  // a padded grid's extra group leaves whole, before any barrier
+  const long t = long(group);
+  const int half_rot = p.rotary_dim / 2;
+  const long pos = rope_read_index(positions, t * p.pos_stride, p.positions_int64);
+  const bool pos_ok = p.use_cache == 0 || (pos >= 0 && pos < p.cache_len);
+  const long slot = rope_read_index(slots, t * p.slots_stride, p.slots_int64);
+  const bool write = pos_ok && slot >= 0 && slot < p.cache_slots;
+  const long page = write ? slot / p.page_size : 0;
+  const long offset = slot - page * p.page_size;
+  for (int i = int(lid); i < half_rot; i += int(nthreads)) {
+    const RopeCosSin r = rope_cos_sin(p, pos, pos_ok, i, cache32, cache16);
+    cos_t[i] = r.c;
+    sin_t[i] = r.s;
+  }
+  if (lid == 0 && write && p.norm != 0) inv_t[0] = rope_head_inv(kv_c, t * p.kv_stride, p.kv_rank, p.norm_eps);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (write) {  // the latent row: kv_c, normalized where asked
+    const long row = page * p.kv_stride_page + offset * p.kv_stride_offset;
+    for (int e = int(lid); e < p.kv_rank; e += int(nthreads)) {
+      const float x = float(kv_c[t * p.kv_stride + e]);
+      const float w = p.norm_f32 != 0 ? w32[e] : float(wT[e]);
+      rope_store(kv_cache, row + e, p.norm != 0 ? rope_norm_value<T>(x, inv_t[0], w, 0.0f) : x);
+    }
+  }
+  const int nope = p.q_dim - p.rotary_dim;
+  const long pe_row = page * p.kpe_stride_page + offset * p.kpe_stride_offset;
+  // rotation pairs: every q head's, then k_pe's
+  for (long item = long(lid); item < long(p.heads + 1) * half_rot; item += long(nthreads)) {
+    const long h = item / half_rot;
+    const int i = int(item - h * half_rot);
+    const bool is_q = h < p.heads;
+    device const T* in = is_q ? q + t * p.q_stride_token + h * p.q_stride_head + nope : k_pe + t * p.pe_stride;
+    device T* out = is_q ? q_rot + t * p.qo_stride_token + h * p.qo_stride_head + nope : k_pe_rot + t * p.pe_out_stride;
+    const int e1 = p.is_neox != 0 ? i : 2 * i;
+    const int e2 = p.is_neox != 0 ? i + half_rot : 2 * i + 1;
+    const float a = float(in[e1]);
+    const float b = float(in[e2]);
+    const float r1 = fma(a, cos_t[i], -(b * sin_t[i]));
+    const float r2 = fma(b, cos_t[i], a * sin_t[i]);
+    rope_store(out, e1, r1);
+    rope_store(out, e2, r2);
+    if (!is_q && write) {
+      rope_store(kpe_cache, pe_row + e1, r1);
+      rope_store(kpe_cache, pe_row + e2, r2);
+    }
+  }
+  if (p.inplace != 0) return;
+  for (long item = long(lid); item < long(p.heads) * nope; item += long(nthreads)) {  // q's first `nope` elements
+    const long h = item / nope;
+    const long e = item - h * nope;
+    rope_store(q_rot, t * p.qo_stride_token + h * p.qo_stride_head + e,
+               float(q[t * p.q_stride_token + h * p.q_stride_head + e]));
+  }
+}
+
+// Stable names, one per dtype: mla_rope_pool_half, mla_rope_pool_bfloat, mla_rope_pool_float.
+#define ATTNPREP_MLA_ROPE_POOL_INSTANCE(T)                                                                     \
+  template ATTNPREP_HOST_NAME("mla_rope_pool_" #T) kernel void mla_rope_pool<T>(                               \
+      device const T* q [[buffer(0)]], device const T* kv_c [[buffer(1)]], device const T* k_pe [[buffer(2)]], \
+      device T* q_rot [[buffer(3)]], device T* k_pe_rot [[buffer(4)]], device T* kv_cache [[buffer(5)]],       \
+      device T* kpe_cache [[buffer(6)]], device const int* positions [[buffer(7)]],                            \
+      device const int* slots [[buffer(8)]], device const float* cache32 [[buffer(9)]],                        \
+      device const ushort* cache16 [[buffer(10)]], constant MlaRopeParams& p [[buffer(11)]],                   \
+      device const float* w32 [[buffer(12)]], device const T* wT [[buffer(13)]],                               \
+      uint group [[threadgroup_position_in_grid]], uint lid [[thread_position_in_threadgroup]],                \
+      uint nthreads [[threads_per_threadgroup]]);
+
+ATTNPREP_MLA_ROPE_POOL_INSTANCE(half)
+ATTNPREP_MLA_ROPE_POOL_INSTANCE(bfloat)
+ATTNPREP_MLA_ROPE_POOL_INSTANCE(float)

@@ -70,9 +70,8 @@ TEST_CASE("shapes and dtypes: checks 1-9") {
 TEST_CASE("device, dtype, sizes, indices, strides, table: checks 10-23") {
   REJECTS(a.slots = make({4}, DType::Int32, cuda1), "mla_rope_pool_fused expects all tensors on one device");
   CHECK_THROWS_MSG(ValueError, check_mla_rope_pool(args(DType::BFloat16, cpu)),
-                   "mla_rope_pool_fused expects CUDA tensors");
-  CHECK_THROWS_MSG(ValueError, check_mla_rope_pool(args(DType::Float32, mps)),
-                   "mla_rope_pool_fused expects CUDA tensors");
+                   "mla_rope_pool_fused expects CUDA or MPS tensors");
+  check_mla_rope_pool(args(DType::Float32, mps));
   CHECK_THROWS_MSG(ValueError, check_mla_rope_pool(args(DType::Float64)),
                    "mla_rope_pool_fused supports float16, bfloat16 and float32, got torch.float64");
   REJECTS(a.k_pe = make({4, 63});
@@ -102,7 +101,7 @@ TEST_CASE("device, dtype, sizes, indices, strides, table: checks 10-23") {
           "mla_rope_pool_fused supports paged caches of fewer than 2^32 slots, got 4294967296");
 }
 
-TEST_CASE("norm, scales, overlap: checks 24-35") {
+TEST_CASE("norm, scales, overlap: checks 24-36") {
   auto normed = [](DType wdt = DType::Float32, std::initializer_list<int64_t> shape = {512}) {
     MlaRopeArgs a = args();
     a.has_norm = true;
@@ -141,6 +140,11 @@ TEST_CASE("norm, scales, overlap: checks 24-35") {
                                 "cache_scale and q_scale must have shape [] or [1], got torch.Size([16])");
   REJECTS(a.has_q_scale = true; a.q_scale = make({1}, DType::Float32);
           a.inplace = true, "q_scale needs inplace=False: q_rot is float8_e4m3fn");
+  MlaRopeArgs on_mps = args(DType::BFloat16, mps);
+  on_mps.kv_cache = make({8, 64, 576}, DType::Float8E4M3FN, mps);
+  on_mps.has_cache_scale = true;
+  on_mps.cache_scale = make({}, DType::Float32, mps);
+  CHECK_THROWS_MSG(ValueError, check_mla_rope_pool(on_mps), "fp8 caches and fp8 q are supported on CUDA only");
 
   // what is written never aliases itself or what is read
   REJECTS(a.kv_cache = make({8, 64, 576}, DType::BFloat16, cuda0, {576, 0, 1}),

@@ -1,5 +1,5 @@
-// src/metal/rope_pool.metal and token_rms_norm.metal, unchanged, compiled as C++ and run over their
-// dispatch grids by the emulator, against the CPU reference: f16/bf16/f32,
+// src/metal/rope_pool.metal (rope_pool and mla_rope_pool) and token_rms_norm.metal, unchanged, compiled as C++ and
+// run over their dispatch grids by the emulator, against the CPU reference: f16/bf16/f32,
 // head_dim 64/128/256, GQA and MHA, partial rotary, GPT-J, cos_sin_cache,
 // slots -1 and out of range, duplicate slots reported as write conflicts, a
 // padded grid, and the parameter block equal to the dispatcher's.
@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "check.h"
+#include "core/mla_rope_pool.h"
 #include "core/rope_pool.h"
 #include "core/token_rms_norm.h"
 #include "cpu/float_bits.h"
@@ -511,6 +512,167 @@ TEST_CASE("emulated Metal kernel: qk_norm_rope's per-token norm, bit for bit the
   run_token_norm<half>(DType::Float16, 2, 3, 96, false, 1.0, seed++);       // 288 of 512 padded
   run_token_norm<float>(DType::Float32, 2, 2, 64, true, 0.0, seed++);       // fewer runs than threads
   run_token_norm<bfloat>(DType::BFloat16, 1, 40, 128, false, 1.0, seed++);  // Wan 14B's 40 heads
+}
+
+// mla_rope_pool_fused's kernel: q [T, heads, nope + R], kv_c and k_pe slices of one [T, L + R + 8] projection output,
+// a paged combined cache or separate ones: the rotated values within the bound of the float64 reference, q's other
+// elements and the latent bit for bit, each slot's row written by its token alone, nothing past the caches.
+struct MlaCase {
+  DType dtype = DType::BFloat16;
+  int64_t T = 9, heads = 4, nope = 16, R = 32, L = 64;
+  bool neox = false, separate = false, inplace = false, norm = true, table = false;
+};
+
+template <typename E>
+void run_mla(const MlaCase& c, uint32_t seed) {
+  using Elem = Tracked<E>;
+  const DType dt = c.dtype;
+  const int64_t row = c.L + c.R + 8, P = 4, pages = 6, width = c.separate ? c.L : c.L + c.R;
+  Buffer<E> q, kv, qo, peo, cache, kpe, wT;
+  Buffer<float> w32, table;
+  q.make({c.T, c.heads, c.nope + c.R}, dt, seed);
+  kv.make({c.T, row}, dt, seed + 1);
+  qo.make({c.T, c.heads, c.nope + c.R}, dt, seed + 2);
+  peo.make({c.T, c.R}, dt, seed + 3);
+  cache.make({pages, P, width}, dt, seed + 4, {}, static_cast<size_t>(4 * width));
+  kpe.make({pages, P, c.R}, dt, seed + 5, {}, static_cast<size_t>(4 * c.R));
+  w32.make({c.L}, DType::Float32, seed + 6);
+  wT.make({c.L}, dt, seed + 7);
+  table.make({300, c.R}, DType::Float32, seed + 8);  // any finite values: the table is read as given
+  core::MlaRopeArgs a;
+  a.q = q.arg;
+  a.kv_c = test::make({c.T, c.L}, dt, mps, {row, 1});
+  a.kv_c.data = kv.arg.data;
+  a.k_pe = test::make({c.T, c.R}, dt, mps, {row, 1});
+  a.k_pe.data = static_cast<unsigned char*>(kv.arg.data) + c.L * kv.arg.itemsize;
+  a.kv_cache = cache.arg;
+  a.has_kpe_cache = c.separate;
+  a.kpe_cache = kpe.arg;
+  a.is_neox = c.neox;
+  a.inplace = c.inplace;
+  a.has_norm = c.norm;
+  a.kv_norm_weight = seed % 2 ? w32.arg : wT.arg;
+  a.has_cache = c.table;
+  a.cos_sin_cache = table.arg;
+  std::vector<int64_t> positions(static_cast<size_t>(c.T));
+  std::vector<int32_t> slots(static_cast<size_t>(c.T));
+  std::mt19937 rng(seed);
+  for (int64_t t = 0; t < c.T; ++t) {
+    positions[static_cast<size_t>(t)] = t == 2 && c.table ? 300 : static_cast<int64_t>(rng() % 300);  // 300: outside
+    slots[static_cast<size_t>(t)] = t % 4 == 1   ? -1
+                                    : t % 5 == 3 ? static_cast<int32_t>(P * pages + t)
+                                                 : static_cast<int32_t>((7 * t + 3) % (P * pages));
+  }
+  a.positions = test::make({c.T}, DType::Int64, mps);
+  a.positions.data = positions.data();
+  a.slots = test::make({c.T}, DType::Int32, mps);
+  a.slots.data = slots.data();
+  core::check_mla_rope_pool(a);
+  const TensorArg q_rot_arg = c.inplace ? a.q : qo.arg, pe_rot_arg = c.inplace ? a.k_pe : peo.arg;
+  const core::MlaMetalDispatch plan = core::plan_mla_rope_pool_metal(a, q_rot_arg, pe_rot_arg);
+  const cpu::MlaReference ref = cpu::mla_rope_pool_reference(a);  // before the kernel: inplace overwrites q, k_pe
+  std::vector<float> q_in(q.size);
+  for (size_t i = 0; i < q.size; ++i) q_in[i] = q.at(static_cast<int64_t>(i));
+  std::vector<float> w(static_cast<size_t>(c.L)), tab(static_cast<size_t>(300 * c.R));
+  // the kernel's float32 weight buffer: the given weight where it is float32
+  const void* w_f32 = a.kv_norm_weight.dtype == DType::Float32 ? a.kv_norm_weight.data : w32.raw.bytes.data();
+  std::memcpy(w.data(), w_f32, w.size() * 4);
+  std::memcpy(tab.data(), table.raw.bytes.data(), tab.size() * 4);
+  emu::write_conflicts = 0;
+  MlaRopeParams fed = plan.params;
+  Elem* q_out = c.inplace ? q.dev.data() : qo.dev.data();
+  Elem* pe_out = c.inplace ? kv.dev.data() + c.L : peo.dev.data();
+  emu::dispatch(plan.threadgroups + 1, 32, seed, [&](uint g, uint lane, uint n) {
+    mla_rope_pool<Elem>(q.dev.data(), kv.dev.data(), kv.dev.data() + c.L, q_out, pe_out, cache.dev.data(),
+                        c.separate ? kpe.dev.data() : cache.dev.data() + c.L,
+                        reinterpret_cast<const int*>(positions.data()), slots.data(), tab.data(), nullptr, fed,
+                        w.data(), wT.dev.data(), g, lane, n);
+  });
+  const std::string what = std::string(core::dtype_name(dt)) + (c.neox ? " neox" : " gptj") +
+                           (c.separate ? " separate" : " combined") + (c.inplace ? " inplace" : "") +
+                           (c.norm ? " norm" : "") + (c.table ? " table" : "") + " L=" + std::to_string(c.L);
+  // the rotated parts: within the bound of float64, NaN where the position is outside the table
+  double worst = 0;
+  const int64_t half = c.R / 2, q_dim = c.nope + c.R;
+  auto check_rotated = [&](double want, double got, double x, double partner_x) {
+    if (std::isnan(want)) {
+      if (!std::isnan(got)) worst = 1e9;
+      return;
+    }
+    worst = std::max(worst, std::fabs(got - want) / ulp_bound(dt, want, std::fabs(x) + std::fabs(partner_x)));
+  };
+  bool exact = true;
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int64_t d = 0; d < c.R; ++d) {
+      const int64_t pd = c.neox ? (d < half ? d + half : d - half) : (d ^ 1);
+      for (int64_t h = 0; h < c.heads; ++h) {
+        const size_t at = static_cast<size_t>((t * c.heads + h) * c.R + d);
+        const float* in = &ref.rope.q_in[static_cast<size_t>((t * c.heads + h) * c.R)];
+        check_rotated(ref.rope.q_rot[at],
+                      static_cast<float>(q_out[t * q_rot_arg.strides[0] + h * q_rot_arg.strides[1] + c.nope + d]),
+                      in[d], in[pd]);
+      }
+      const float* in = &ref.rope.k_in[static_cast<size_t>(t * c.R)];
+      check_rotated(ref.rope.k_rot[static_cast<size_t>(t * c.R + d)],
+                    static_cast<float>(pe_out[t * pe_rot_arg.strides[0] + d]), in[d], in[pd]);
+    }
+  for (int64_t t = 0; t < c.T; ++t)  // q's other elements: copied, or left where they are
+    for (int64_t h = 0; h < c.heads; ++h)
+      for (int64_t e = 0; e < c.nope; ++e)
+        exact &= static_cast<float>(q_out[t * q_rot_arg.strides[0] + h * q_rot_arg.strides[1] + e]) ==
+                 q_in[static_cast<size_t>((t * c.heads + h) * q_dim + e)];
+  if (!(worst <= 1.0)) test::fail(__FILE__, __LINE__, what + ": error " + std::to_string(worst) + "x bound");
+  // the cache rows: the writer's latent and rotated k_pe, bit for bit; other rows untouched
+  bool rows_ok = true;
+  for (int64_t s = 0; s < P * pages; ++s) {
+    const int64_t tok = ref.cache_writer[static_cast<size_t>(s)];
+    for (int64_t e = 0; e < c.L + c.R; ++e) {
+      const bool latent = e < c.L;
+      const Buffer<E>& buf = latent || !c.separate ? cache : kpe;
+      const int64_t off = latent || !c.separate ? s * width + e : s * c.R + e - c.L;
+      if (tok < 0) {
+        rows_ok &= !buf.written(off);
+        continue;
+      }
+      const float want = latent ? ref.latent[static_cast<size_t>(tok * c.L + e)]
+                                : static_cast<float>(pe_out[tok * pe_rot_arg.strides[0] + e - c.L]);
+      rows_ok &= buf.at(off) == want;
+    }
+  }
+  if (!exact || !rows_ok) test::fail(__FILE__, __LINE__, what + ": copied values or cache rows differ");
+  if (!cache.guard_untouched() || !kpe.guard_untouched())
+    test::fail(__FILE__, __LINE__, what + ": a store landed past a cache");
+  if (emu::write_conflicts.load() != 0) test::fail(__FILE__, __LINE__, what + ": write conflicts");
+}
+
+TEST_CASE("emulated Metal kernel: mla_rope_pool, GPT-J and NeoX, combined and separate caches, in place, tables") {
+  uint32_t seed = 300;
+  for (bool neox : {false, true})
+    for (bool separate : {false, true})
+      for (bool inplace : {false, true}) {
+        MlaCase c;
+        c.neox = neox;
+        c.separate = separate;
+        c.inplace = inplace;
+        c.table = inplace;
+        run_mla<bfloat>(c, seed++);
+      }
+  MlaCase odd;  // a rank of no power of two, no norm, float16; float32 with 128 heads of 0 + 64
+  odd.dtype = DType::Float16;
+  odd.L = 100;
+  odd.norm = false;
+  run_mla<half>(odd, seed++);
+  odd.L = 100;
+  odd.norm = true;
+  run_mla<half>(odd, seed++);
+  MlaCase wide;
+  wide.dtype = DType::Float32;
+  wide.heads = 128;
+  wide.nope = 0;
+  wide.R = 64;
+  wide.L = 512;
+  wide.T = 3;
+  run_mla<float>(wide, seed++);
 }
 
 TEST_CASE("the dispatcher's parameter block: strides, flags, table") {

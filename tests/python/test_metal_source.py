@@ -53,7 +53,7 @@ def test_the_pass_catches_address_space_mistakes():
     path = ROOT / "src/metal/rope_pool.metal"
     source = path.read_text()
     # threadgroup memory through a plain pointer, and a device pointer into a threadgroup one
-    broken = source.replace("    cos_t[i] = c;", "    float* bad = cos_t;\n    bad[i] = c;")
+    broken = source.replace("    cos_t[i] = r.c;", "    float* bad = cos_t;\n    bad[i] = r.c;")
     assert broken != source
     found = compiler_messages(path, broken)
     assert any("address_space(3)" in d for d in found), found

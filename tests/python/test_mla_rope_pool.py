@@ -84,7 +84,7 @@ def test_cpu_tensors_and_argument_types():
     idx, cache = torch.arange(2), torch.zeros(4, 132)
     with pytest.raises(ValueError) as e:
         attnprep.mla_rope_pool_fused(q, kv_c, k_pe, idx, idx, cache)
-    assert str(e.value) == "mla_rope_pool_fused expects CUDA tensors"
+    assert str(e.value) == "mla_rope_pool_fused expects CUDA or MPS tensors"
     with pytest.raises(TypeError) as e:
         attnprep.mla_rope_pool_fused(q, kv_c, k_pe, idx, [0, 1], cache)
     assert str(e.value) == "slots must be a torch.Tensor, got list"
