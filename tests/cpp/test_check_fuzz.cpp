@@ -20,6 +20,7 @@
 
 #include "check.h"
 #include "core/errors.h"
+#include "core/mla_rope_pool.h"
 #include "core/overlap.h"
 #include "core/pack_qkv.h"
 #include "core/rope_pool.h"
@@ -636,5 +637,109 @@ TEST_CASE("usp_merge_heads: random arguments pass or raise a documented message"
 }
 
 }  // namespace
+
+// mla_rope_pool_fused's checks 1-36 (docs/contract.md).
+bool mla_message(const std::string& m) {
+  for (const char* e :
+       {"mla_rope_pool_fused expects q to be 3-D and kv_c, k_pe 2-D",
+        "mla_rope_pool_fused expects positions/slots to be 1-D",
+        "mla_rope_pool_fused expects caches of 2 or 3 dimensions", "q, kv_c and k_pe dtypes must match",
+        "cache dtypes must be q's dtype, float8_e4m3fn or float8_e5m2 (both caches alike)",
+        "mla_rope_pool_fused expects all tensors on one device", "mla_rope_pool_fused expects CUDA or MPS tensors",
+        "mla_rope_pool_fused expects int32 or int64 positions/slots",
+        "mla_rope_pool_fused expects q, kv_c, k_pe and the caches to be contiguous in their last "
+        "dimension",
+        "cos_sin_cache must be contiguous in its last dimension", "rope_base must be a positive number",
+        "kv_norm_weight must be contiguous", "fp8 caches need cache_scale",
+        "q_scale needs inplace=False: q_rot is float8_e4m3fn", "fp8 caches and fp8 q are supported on CUDA only",
+        "kv_cache and kpe_cache must not overlap each other or themselves",
+        "the caches must not overlap q, kv_c, k_pe, positions, slots, cos_sin_cache, kv_norm_weight or "
+        "the scales",
+        "with inplace=True, q and k_pe must not overlap each other, themselves, kv_c, positions, slots, "
+        "cos_sin_cache, kv_norm_weight or the scales"})
+    if (m == e) return true;
+  for (const char* p :
+       {"kv_c, k_pe, positions and slots must have q.shape[0] = ", "q.shape[2] must be at least k_pe.shape[1] = ",
+        "kv_cache must have shape [slots, ", "kpe_cache must have shape [slots, ",
+        "mla_rope_pool_fused supports float16, bfloat16 and float32, got ",
+        "mla_rope_pool_fused expects an even rope dimension (k_pe.shape[1]) in [2, 512], got ",
+        "mla_rope_pool_fused expects kv_lora_rank (kv_c.shape[1]) in [1, 2048], got ",
+        "cos_sin_cache must have shape [max_position, rotary_dim] = [*, ",
+        "cos_sin_cache must be float32 or bfloat16, got ",
+        "mla_rope_pool_fused supports heads * q.shape[2] <= 2^20, got ",
+        "mla_rope_pool_fused supports fewer than 2^31 tokens, got ",
+        "mla_rope_pool_fused supports paged caches of fewer than 2^32 slots, got ",
+        "kv_norm_weight must have shape [kv_lora_rank] = [", "kv_norm_weight must be float32 or kv_c's dtype (",
+        "norm_eps must be a positive finite number, got ", "cache_scale applies to fp8 caches only, got ",
+        "cache_scale and q_scale must be float32, got ", "cache_scale and q_scale must have shape [] or [1], got "})
+    if (starts(m, p)) return true;
+  return false;
+}
+
+TEST_CASE("mla_rope_pool_fused: random arguments pass or raise a documented message") {
+  Rng r(20261206);
+  int passed = 0, rejected = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    MlaRopeArgs a;
+    const DType dt = r.of<DType>({DType::Float16, DType::BFloat16, DType::Float32});
+    const Device dev = r.chance(90) ? Device{DeviceType::CUDA, 0} : Device{DeviceType::MPS, 0};
+    const int64_t T = r.of<int64_t>({0, 1, 17}), H = r.of<int64_t>({1, 16, 128}), R = r.of<int64_t>({2, 32, 64}),
+                  L = r.of<int64_t>({1, 100, 512}), nope = r.of<int64_t>({0, 128});
+    const bool fp8 = dev.type == DeviceType::CUDA && r.chance(25);
+    a.q = make({T, H, nope + R}, dt, dev);
+    a.kv_c = make({T, L}, dt, dev, {L + R, 1});
+    a.k_pe = make({T, R}, dt, dev, {L + R, 1});
+    a.positions = make({T}, r.of<DType>({DType::Int32, DType::Int64}), dev);
+    a.slots = make({T}, r.of<DType>({DType::Int32, DType::Int64}), dev);
+    a.has_kpe_cache = r.chance(30);
+    const DType cd = fp8 ? DType::Float8E4M3FN : dt;
+    a.kv_cache = r.chance(50) ? make({3, 16, a.has_kpe_cache ? L : L + R}, cd, dev)
+                              : make({40, a.has_kpe_cache ? L : L + R}, cd, dev);
+    if (a.has_kpe_cache) a.kpe_cache = a.kv_cache.ndim == 3 ? make({3, 16, R}, cd, dev) : make({40, R}, cd, dev);
+    a.is_neox = r.chance(30);
+    a.inplace = r.chance(20);
+    a.has_cache = r.chance(40);
+    if (a.has_cache) a.cos_sin_cache = make({100, R}, DType::Float32, dev);
+    a.has_norm = r.chance(60);
+    if (a.has_norm) a.kv_norm_weight = make({L}, r.chance(50) ? DType::Float32 : dt, dev);
+    a.has_cache_scale = fp8;
+    if (fp8) a.cache_scale = make({}, DType::Float32, dev);
+    a.has_q_scale = dev.type == DeviceType::CUDA && !a.inplace && r.chance(15);
+    if (a.has_q_scale) a.q_scale = make({1}, DType::Float32, dev);
+    std::vector<TensorArg*> ts = {&a.q,        &a.kv_c,      &a.k_pe,          &a.positions,      &a.slots,
+                                  &a.kv_cache, &a.kpe_cache, &a.cos_sin_cache, &a.kv_norm_weight, &a.cache_scale,
+                                  &a.q_scale};
+    const int changes = round % 4 == 0 ? 0 : 1 + static_cast<int>(r.below(3));
+    for (int c = 0; c < changes; ++c) {
+      const uint64_t pick = r.below(14);
+      if (pick == 11) {
+        a.rope_base = r.of<double>({NAN, -1.0, 0.0, 1e4});
+      } else if (pick == 12) {
+        a.norm_eps = r.of<double>({NAN, INFINITY, 0.0, 1e-6});
+      } else if (pick == 13) {
+        a.inplace = !a.inplace;
+      } else {
+        mutate(r, *ts[pick], std::vector<const TensorArg*>(ts.begin(), ts.end()));
+        if (pick == 6) a.has_kpe_cache = true;
+        if (pick == 7) a.has_cache = true;
+        if (pick == 8) a.has_norm = true;
+        if (pick == 9) a.has_cache_scale = true;
+        if (pick == 10) a.has_q_scale = true;
+      }
+    }
+    try {
+      check_mla_rope_pool(a);
+    } catch (const ValueError& e) {
+      ++rejected;
+      if (changes == 0 || !mla_message(e.what()))
+        test::fail(__FILE__, __LINE__, std::string("round ") + std::to_string(round) + ": '" + e.what() + "'");
+      continue;
+    }
+    ++passed;
+    const MlaRopeParams p = make_mla_rope_params(a, a.q, a.k_pe);  // the binding's plan of a checked call
+    CHECK(p.width >= 1 && p.norm_padded >= p.kv_rank && p.cache_slots >= 0);
+  }
+  CHECK(passed > kRounds / 4 && rejected > kRounds / 4);
+}
 
 TEST_MAIN()
