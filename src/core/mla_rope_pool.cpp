@@ -12,10 +12,12 @@
 namespace attnprep::core {
 namespace {
 
-// Whether a cache has the shape [slots, width] or [pages, page_size, width].
-bool cache_shape(const TensorArg& c, int64_t width) { return (c.ndim == 2 || c.ndim == 3) && c.size(-1) == width; }
+// Whether a cache has the shape [slots, width] or [pages, page_size, width] (sizes are never negative).
+bool cache_shape(const TensorArg& c, uint64_t width) {
+  return (c.ndim == 2 || c.ndim == 3) && static_cast<uint64_t>(c.size(-1)) == width;
+}
 
-std::string cache_shapes(int64_t width) {
+std::string cache_shapes(uint64_t width) {
   const std::string w = std::to_string(width);
   return "[slots, " + w + "] or [pages, page_size, " + w + "]";
 }
@@ -50,16 +52,17 @@ void check_mla_rope_pool(const MlaRopeArgs& a) {
   if (q.size(2) < R)
     throw ValueError("q.shape[2] must be at least k_pe.shape[1] = " + std::to_string(R) + ", got " +
                      std::to_string(q.size(2)));
-  // (L + R cannot overflow: both are sizes of tensors torch holds, L * itemsize and R * itemsize fit in int64)
-  const int64_t width = a.has_kpe_cache ? L : L + R;
+  // L + R in 64 unsigned bits: an empty tensor may have a size near 2^63
+  const uint64_t width = static_cast<uint64_t>(L) + (a.has_kpe_cache ? 0 : static_cast<uint64_t>(R));
   if (!cache_shape(a.kv_cache, width))
     throw ValueError("kv_cache must have shape " + cache_shapes(width) + ", got " + shape_str(a.kv_cache));
   if (a.has_kpe_cache) {
     const TensorArg& c = a.kpe_cache;
     const bool same_slots = c.ndim == a.kv_cache.ndim && c.size(0) == a.kv_cache.size(0) &&
                             (c.ndim == 2 || c.size(1) == a.kv_cache.size(1));
-    if (!cache_shape(c, R) || !same_slots)
-      throw ValueError("kpe_cache must have shape " + cache_shapes(R) + " with kv_cache's slots, got " + shape_str(c));
+    if (!cache_shape(c, static_cast<uint64_t>(R)) || !same_slots)
+      throw ValueError("kpe_cache must have shape " + cache_shapes(static_cast<uint64_t>(R)) +
+                       " with kv_cache's slots, got " + shape_str(c));
   }
   require(q.dtype == kv.dtype && q.dtype == pe.dtype, "q, kv_c and k_pe dtypes must match",
           [&] { return dtype_device_note({{"q", &q}, {"kv_c", &kv}, {"k_pe", &pe}}); });
