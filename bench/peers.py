@@ -360,8 +360,12 @@ def triton_rope_pool(
 # the weight), [kv_c | k_pe] stored into the paged bf16 latent cache at the token's slot.
 
 if triton is not None:
-
-    @triton.autotune(configs=[triton.Config({}, num_warps=w) for w in (2, 4, 8)], key=["T", "H", "L"])
+    # in place: the autotuner's trial runs must not rotate q and k_pe again
+    @triton.autotune(
+        configs=[triton.Config({}, num_warps=w) for w in (2, 4, 8)],
+        key=["T", "H", "L"],
+        restore_value=["q", "k_pe", "cache"],
+    )
     @triton.jit
     def _mla_kernel(
         q,

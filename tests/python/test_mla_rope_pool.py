@@ -154,7 +154,7 @@ def test_against_the_reference(dtype, geometry, cache, is_neox, T):
         T = 65
     q, kv_c, k_pe = projection(T, H, nope, R, L, dtype, seed=T)
     page = 16 if "paged" in cache else 1
-    n_slots = 2 * T + 16
+    n_slots = -(-(2 * T + 16) // page) * page  # whole pages
     cache_dtype = E4M3 if cache.startswith("fp8") else dtype
     shape = (n_slots // page, page) if page > 1 else (n_slots,)
     kw = dict(is_neox=is_neox, kv_norm_weight=torch.rand(L, device="cuda") + 0.5)
@@ -166,7 +166,7 @@ def test_against_the_reference(dtype, geometry, cache, is_neox, T):
     if cache_dtype == E4M3:
         kw["cache_scale"] = torch.tensor(0.75, device="cuda")
     positions = torch.randint(0, 1 << 16, (T,), device="cuda")
-    slots = torch.randperm(n_slots - page * 0, device="cuda")[:T]
+    slots = torch.randperm(n_slots, device="cuda")[:T]
     slots[1::5] = -1
     check(q, kv_c, k_pe, positions, slots, kv_cache, page=page, **kw)
 

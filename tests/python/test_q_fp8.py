@@ -77,11 +77,8 @@ def with_and_without(q, k, v, positions, slots, pool_dtype, q_scale, **kw):
             pools = tuple(torch.full((4 * T + 1, hkv, D), 7, device="cuda").to(pool_dtype) for _ in range(2))
         if pool_dtype in (E4M3, torch.float8_e5m2):
             kw = dict(kw, k_scale=torch.tensor(0.75, device="cuda"), v_scale=torch.tensor([1.5], device="cuda"))
-        outs.append(
-            attnprep.rope_pool_fused(
-                q, k, None if pools[0] is None else v, positions, slots, *pools, q_scale=scale, **kw
-            )
-        )
+        cache = (v, slots) if pools[0] is not None else (None, None)  # no pools: no v, no slots
+        outs.append(attnprep.rope_pool_fused(q, k, cache[0], positions, cache[1], *pools, q_scale=scale, **kw))
     (q_rot, k_rot, kp, vp), (q8, k_rot8, kp8, vp8) = outs
     assert q8.dtype == E4M3 and q8.shape == q.shape and q8.is_contiguous()
     assert same_bits(q8, quantize_reference(q_rot, q_scale, E4M3))
