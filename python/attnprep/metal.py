@@ -20,7 +20,7 @@ from importlib import resources
 import torch
 
 from . import _C
-from ._ops import RopeArgs
+from ._ops import RopeArgs, mla_check_slots
 
 _KERNELS = {torch.float16: "rope_pool_half", torch.bfloat16: "rope_pool_bfloat", torch.float32: "rope_pool_float"}
 
@@ -82,8 +82,6 @@ def rope_pool_fused(*args):
 def mla_rope_pool_fused(inplace, *schema_args):
     """mla_rope_pool_fused's Metal kernel (``mla_rope_pool`` in rope_pool.metal); ``schema_args`` as the registered
     op takes them (``check_slots`` last)."""
-    from ._ops import mla_check_slots
-
     *args, check_slots = schema_args
     if check_slots:
         mla_check_slots(args, inplace)

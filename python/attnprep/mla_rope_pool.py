@@ -106,7 +106,8 @@ def mla_rope_pool_fused(
         bool_arg(check_slots, _OP, "check_slots")
     check = _ops.CHECK_SLOTS_ENV if check_slots is None else check_slots
     tensors = (q, kv_c, k_pe, positions, slots, kv_cache, cos_sin_cache, kv_norm_weight, kpe_cache)
-    if direct(*tensors, cache_scale, q_scale) and q.device.type != "mps":  # (MPS: its registered Metal kernel)
+    on_mps = isinstance(q, Tensor) and q.device.type == "mps"  # (MPS: its registered Metal kernel)
+    if direct(*tensors, cache_scale, q_scale) and not on_mps:
         return _ops.mla_run(inplace, *args, check)
     args, inplace = _read_args(args, inplace)
     refuse_grad(_OP, *(x for x in args if isinstance(x, Tensor)))

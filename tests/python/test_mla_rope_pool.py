@@ -89,6 +89,9 @@ def test_cpu_tensors_and_argument_types():
         attnprep.mla_rope_pool_fused(q, kv_c, k_pe, idx, [0, 1], cache)
     assert str(e.value) == "slots must be a torch.Tensor, got list"
     with pytest.raises(TypeError) as e:
+        attnprep.mla_rope_pool_fused(q.tolist(), kv_c, k_pe, idx, idx, cache)
+    assert str(e.value) == "q must be a torch.Tensor, got list"
+    with pytest.raises(TypeError) as e:
         attnprep.mla_rope_pool_fused(q, kv_c, k_pe, idx, idx, cache, is_neox=1)
     assert str(e.value) == "mla_rope_pool_fused: is_neox must be a bool, got int"
 
