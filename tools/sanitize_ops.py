@@ -1,7 +1,7 @@
 """Every CUDA op over its edge cases, for NVIDIA's compute-sanitizer.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --error-exitcode 1 python3 tools/sanitize_ops.py \
-        [pack] [merge] [rope | rope-quick]
+        [pack] [merge] [rope | rope-quick] [kv] [norm] [mla]
 
 (tools/gpu_sanitize.sh runs it under memcheck, racecheck, synccheck and
 initcheck.) The pytest suite checks the values; this checks the accesses:
@@ -35,6 +35,7 @@ from attnprep import _C
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from attnprep.testing import (  # noqa: E402
     cos_sin,
+    mla_reference,
     pack_gqa_reference,
     pack_reference,
     pool_write_reference,
@@ -360,6 +361,66 @@ def check_qk_norm():
         )
 
 
+def check_mla():
+    """mla_rope_pool_fused: T 0/1/17/65/1100, bf16/fp32, 16-byte and unaligned rows (the scalar path), kv_c and k_pe
+    slices of one projection output placed at its allocation's end, combined and separate paged caches (bf16 and fp8)
+    at theirs, slots -1 and past the cache, cos_sin_cache with positions past its end, in place and fp8 q."""
+    for T, dtype, L, offset, separate, fp8 in itertools.product(
+        (0, 1, 17, 65, 1100), (torch.bfloat16, torch.float32), (512, 100), (0, 1), (False, True), (False, True)
+    ):
+        if fp8 and (dtype == torch.float32 or L == 100):
+            continue
+        H, nope, R = 16, 128, 64
+        q = at_end((T, H, nope + R), dtype)
+        row = L + R + offset
+        kv = at_end((T, row), dtype)
+        kv_c, k_pe = kv[:, offset : offset + L], kv[:, offset + L :]
+        page, pages = 16, max(1, -(-2 * T // 16))
+        cd = torch.float8_e4m3fn if fp8 else dtype
+        width = L if separate else L + R
+        kv_cache = at_end((pages, page, width), cd, fill=False).fill_(0)
+        kpe_cache = at_end((pages, page, R), cd, fill=False).fill_(0) if separate else None
+        table = at_end((300, R), torch.float32, fill=False)
+        table.copy_(attnprep.rope_cos_sin_cache(R, 300, 1e4, device=DEV))
+        positions = at_end((T,), torch.int64, fill=False)
+        positions.copy_(torch.randint(0, 301, (T,), device=DEV))  # 300: past the table
+        slots = at_end((T,), torch.int32, fill=False)
+        order = torch.randperm(pages * page, device=DEV)[:T].int()
+        order[1::5] = -1
+        order[2::7] = pages * page + 3
+        slots.copy_(order)
+        w = at_end((L,), torch.float32)
+        scales = dict(cache_scale=at_end((), torch.float32, fill=False).fill_(0.5)) if fp8 else {}
+        inplace = T == 17 and not fp8
+        q_in, pe_in = q.clone(), k_pe.clone()
+        q_rot, pe_rot, _, _ = attnprep.mla_rope_pool_fused(
+            q,
+            kv_c,
+            k_pe,
+            positions,
+            slots,
+            kv_cache,
+            cos_sin_cache=table,
+            kv_norm_weight=w,
+            kpe_cache=kpe_cache,
+            inplace=inplace,
+            q_scale=at_end((), torch.float32, fill=False).fill_(0.25) if fp8 else None,
+            **scales,
+        )
+        what = f"mla {dtype} T {T} L {L} offset {offset}" + (" separate" if separate else "") + (" fp8" if fp8 else "")
+        ok = positions < 300
+        if not ok.any():
+            case(True, what)
+            continue
+        want_q, want_pe, latent = mla_reference(
+            q_in[ok], kv_c[ok], pe_in[ok], positions[ok], cos_sin_cache=table, kv_norm_weight=w
+        )
+        if not fp8:
+            assert_close_to_reference(q_rot[ok][..., nope:], want_q[..., nope:], q_in[ok][..., nope:], R, False)
+        assert_close_to_reference(pe_rot[ok][:, None], want_pe[:, None], pe_in[ok][:, None], R, False)
+        case(True, what)
+
+
 class _DeviceMemory:
     """`n` 16-bit elements of device memory at `ptr`, described through the
     CUDA array interface, which torch takes without checking the extent."""
@@ -386,7 +447,7 @@ def planted():
 
 
 def main(argv):
-    ops = argv or ["pack", "merge", "rope", "kv", "norm"]
+    ops = argv or ["pack", "merge", "rope", "kv", "norm", "mla"]
     for op in ops:
         {
             "pack": check_pack,
@@ -395,6 +456,7 @@ def main(argv):
             "rope-quick": lambda: check_rope(True),
             "kv": check_kv_formats,
             "norm": check_qk_norm,
+            "mla": check_mla,
             "planted": planted,
         }[op]()
         torch.cuda.synchronize()
