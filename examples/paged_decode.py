@@ -24,8 +24,10 @@ vision-language Qwen2.5-VL and Qwen3-VL (M-RoPE: a prompt with an image
 takes [3, T] positions from the model's own ``get_rope_index``, its decode
 steps the position plus the prompt's rope delta; the model's own vision
 tower fills the image tokens). DeepSeek-V3's multi-head latent attention
-(``PagedMLAEngine``: a paged latent cache, attention from it in the
-up-projection form) runs on the plain-torch backend.
+(``PagedMLAEngine``, ``make_engine`` picks it): ``attnprep.mla_rope_pool_fused``
+writes the paged latent cache (the layer's kv_a_layernorm fused, q's rope part
+rotated in place, bf16 or fp8 pages), attention from it in the up-projection
+form.
 """
 
 from __future__ import annotations
