@@ -63,6 +63,67 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Where element e of the token's row sits in shared memory: one float of padding every 32, so that threads
+// reading runs of a power-of-two length at the same offset fall into different banks.
+__device__ __forceinline__ uint32_t skewed(uint32_t e) { return e + (e >> 5); }
+constexpr int kStagedMaxFloats = 11 * 1024;  // a row within 44 KB of shared memory, its padding included
+
+// The same arithmetic with the token's row read once, coalesced, into shared memory (rows that fit): the runs and
+// the normalization then read it there.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    token_rms_norm_staged_kernel(const TokenNormParams p, const T* x, const void* weight, T* out) {
+  extern __shared__ float row[];
+  __shared__ float sums[kThreads];
+  const int64_t t = blockIdx.x;
+  const uint32_t n = static_cast<uint32_t>(p.heads * p.head_dim), D = static_cast<uint32_t>(p.head_dim);
+  const int run = p.padded > kThreads ? p.padded / kThreads : 1;
+  const int runs = p.padded / run;
+  wait_for_prior_kernels();
+  const T* xt = x + t * p.x_stride_token;
+  for (uint32_t e = threadIdx.x; e < static_cast<uint32_t>(p.padded); e += blockDim.x) {
+    float v = 0.f;
+    if (e < n) {
+      const uint32_t h = e / D;
+      v = elements::to_float(xt[h * p.x_stride_head + (e - h * D)]);
+    }
+    row[skewed(e)] = v;
+  }
+  __syncthreads();
+  float s = 0.f;
+  if (static_cast<int>(threadIdx.x) < runs) {
+    float stack[kMaxDepth];
+    int depth = 0;
+    const uint32_t first = threadIdx.x * static_cast<uint32_t>(run);
+    for (int i = 0; i < run; ++i) {
+      const float v = row[skewed(first + i)];
+      float q = __fmul_rn(v, v);
+      for (int m = i + 1; (m & 1) == 0; m >>= 1) q = __fadd_rn(stack[--depth], q);
+      stack[depth++] = q;
+    }
+    s = stack[0];
+  }
+  sums[threadIdx.x] = s;
+  __syncthreads();
+  for (int stride = 1; stride < runs; stride *= 2) {
+    const int i = static_cast<int>(threadIdx.x);
+    if (i % (2 * stride) == 0 && i + stride < runs) sums[i] = __fadd_rn(sums[i], sums[i + stride]);
+    __syncthreads();
+  }
+  const float inv = rcp_sqrt_rn(__fadd_rn(__fdiv_rn(sums[0], static_cast<float>(n)), p.eps));
+  let_next_kernel_start();
+  T* ot = out + t * p.out_stride_token;
+  for (uint32_t e = threadIdx.x; e < n; e += blockDim.x) {
+    const float w =
+        p.weight_f32 ? static_cast<const float*>(weight)[e] : elements::to_float(static_cast<const T*>(weight)[e]);
+    const float normalized = __fmul_rn(row[skewed(e)], inv);
+    const float y = p.offset == 0.f ? __fmul_rn(elements::to_float(elements::from_float<T>(normalized)), w)
+                                    : __fmul_rn(normalized, __fadd_rn(p.offset, w));
+    const uint32_t h = e / D;
+    ot[h * p.out_stride_head + (e - h * D)] = elements::from_float<T>(y);
+  }
+}
+
 }  // namespace
 
 cudaError_t token_rms_norm(const TokenNormParams& p, const void* x, const void* weight, void* out, core::DType dtype,
@@ -71,6 +132,11 @@ cudaError_t token_rms_norm(const TokenNormParams& p, const void* x, const void* 
   if (p.tokens >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
   return rope::with_element_type(dtype, false, [&](auto element, auto) {
     using T = decltype(element);
+    const int floats = p.padded + p.padded / 32;
+    if (floats <= kStagedMaxFloats)
+      return launch_kernel_shared(token_rms_norm_staged_kernel<T>, dim3(static_cast<unsigned>(p.tokens)),
+                                  dim3(kThreads), static_cast<size_t>(floats) * 4, stream, p, static_cast<const T*>(x),
+                                  weight, static_cast<T*>(out));
     return launch_kernel(token_rms_norm_kernel<T>, dim3(static_cast<unsigned>(p.tokens)), dim3(kThreads), stream, p,
                          static_cast<const T*>(x), weight, static_cast<T*>(out));
   });
