@@ -150,8 +150,30 @@ void check_ulysses_chunks(int64_t local_q, int64_t local_kv, bool kv_split, int6
           "ulysses: chunks must be positive and divide each rank's q heads (and its kv heads when they are split)");
 }
 
-PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size,
+namespace {
+// [S, B, H, D] as the 3-D [S * B, H, D] the checks read (rows (s, b), row-major; the row stride is not read).
+TensorArg folded_rows(const TensorArg& t) {
+  if (t.ndim != 4) return t;
+  TensorArg r = t;
+  r.ndim = 3;
+  r.shape[0] = t.size(0) * t.size(1);
+  r.shape[1] = t.size(2);
+  r.shape[2] = t.size(3);
+  r.strides[0] = 0;
+  r.strides[1] = t.stride(2);
+  r.strides[2] = t.stride(3);
+  return r;
+}
+}  // namespace
+
+PackGqaShape check_pack_qkv_gqa(const TensorArg& q4, const TensorArg& k4, const TensorArg& v4, int64_t world_size,
                                 int64_t chunks) {
+  // Internal: [S, B, H, D] inputs (the batched layer's rows (s, b)) with one chunk; the layer never asks otherwise.
+  const bool two_row_dims = q4.ndim == 4;
+  require(!two_row_dims || (k4.ndim == 4 && v4.ndim == 4 && chunks == 1 && k4.size(0) == q4.size(0) &&
+                            k4.size(1) == q4.size(1) && v4.size(0) == q4.size(0) && v4.size(1) == q4.size(1)),
+          "ulysses: q, k and v of two row dimensions must agree on them, with one chunk");
+  const TensorArg q = folded_rows(q4), k = folded_rows(k4), v = folded_rows(v4);
   check_ulysses_geometry(q, k, v, world_size);
   require(q.device.type == DeviceType::CUDA, "ulysses: q, k and v must be on one CUDA device");
   require(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,
@@ -160,6 +182,7 @@ PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const Te
   PackGqaShape s{};
   s.world_size = world_size;
   s.rows = q.size(0);
+  s.batch = two_row_dims ? q4.size(1) : 0;
   s.heads = q.size(1);
   s.kv_heads = kv;
   s.head_size = q.size(2);
@@ -192,9 +215,27 @@ StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& s, const TensorArg& q, con
     job.row_bytes = row;
     job.src_elem_stride = es;
     job.itemsize = static_cast<int32_t>(es);
-    const int64_t hs = t.byte_stride(1), rs = t.byte_stride(0);
+    const bool two = s.batch > 0;  // rows (s, b) of [S, B, H, D]: one chunk, the chunk dimension free for b
+    const int64_t hs = t.byte_stride(two ? 2 : 1), rs = t.byte_stride(0), bs = two ? t.byte_stride(1) : 0;
+    const int64_t S = two ? t.size(0) : 0, B = s.batch;
     int64_t dims[kCopyDims], ss[kCopyDims], ds[kCopyDims];
-    if (j == 0 || s.kv_heads >= s.world_size) {
+    if (two && (j == 0 || s.kv_heads >= s.world_size)) {
+      const int64_t local = j == 0 ? s.local_q : s.local_kv;
+      const int64_t d_[kCopyDims] = {s.world_size, S, B, local};
+      const int64_t s_[kCopyDims] = {local * hs, rs, bs, hs};
+      const int64_t t_[kCopyDims] = {per_dest, B * out_row, out_row, row};
+      std::copy(d_, d_ + kCopyDims, dims);
+      std::copy(s_, s_ + kCopyDims, ss);
+      std::copy(t_, t_ + kCopyDims, ds);
+    } else if (two) {
+      const int64_t rep = s.world_size / s.kv_heads;
+      const int64_t d_[kCopyDims] = {s.kv_heads, rep, S, B};
+      const int64_t s_[kCopyDims] = {hs, 0, rs, bs};
+      const int64_t t_[kCopyDims] = {rep * per_dest, per_dest, B * out_row, out_row};
+      std::copy(d_, d_ + kCopyDims, dims);
+      std::copy(s_, s_ + kCopyDims, ss);
+      std::copy(t_, t_ + kCopyDims, ds);
+    } else if (j == 0 || s.kv_heads >= s.world_size) {
       // chunk c of destination d: heads d * local + c * per_chunk + [0, per_chunk)
       const int64_t local = j == 0 ? s.local_q : s.local_kv, chunk = j == 0 ? s.chunk_q : s.chunk_kv;
       const int64_t d_[kCopyDims] = {s.chunks, s.world_size, s.rows, chunk};

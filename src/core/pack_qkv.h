@@ -79,6 +79,7 @@ ATTNPREP_HD void pack_flat_step(const PackFlatPlan& p, uint32_t i, int& which, i
 // buffer per chunk; kv_heads < world_size: the one kv head, replicated).
 struct PackGqaShape {
   int64_t world_size, rows, heads, kv_heads, head_size, local_q, local_kv, chunks, chunk_q, chunk_kv;
+  int64_t batch;  // [S, B, H, D] inputs: B (rows = S * B, in (s, b) order); 0 for [rows, H, D]
   int64_t out_shape[4];
 };
 // The head geometry alone (any device): shared with the layer's CPU path.
@@ -87,7 +88,8 @@ void check_ulysses_geometry(const TensorArg& q, const TensorArg& k, const Tensor
 // key-padding mask [B, rows] (null: none); any world size (heads are padded to it).
 void check_ulysses_batched(const TensorArg& q, const TensorArg& k, const TensorArg& v, const TensorArg* mask);
 // The geometry, then: a CUDA device, unit stride in head_dim, and `chunks`
-// dividing the local q heads (and the local kv heads when they are split).
+// dividing the local q heads (and the local kv heads when they are split). Also takes [S, B, H, D] inputs whose
+// rows are (s, b), row-major (the batched layer's, so that its receive buffer views as whole sequences), one chunk.
 PackGqaShape check_pack_qkv_gqa(const TensorArg& q, const TensorArg& k, const TensorArg& v, int64_t world_size,
                                 int64_t chunks = 1);
 StridedCopyPlan plan_pack_qkv_gqa(const PackGqaShape& shape, const TensorArg& q, const TensorArg& k, const TensorArg& v,

@@ -336,4 +336,55 @@ TEST_CASE("grouped pack (Ulysses): split and replicated kv heads, in chunks, bit
                    "ulysses: world_size must divide the number of q heads");
 }
 
+TEST_CASE("grouped pack of [S, B, H, D] views: rows (s, b), split and replicated kv heads, bit-exact") {
+  uint32_t seed = 300;
+  // (S, B, heads, kv_heads, world)
+  const int64_t cases[][5] = {{5, 2, 8, 4, 2}, {3, 3, 12, 2, 4}, {4, 2, 8, 2, 8}, {7, 1, 6, 6, 1}, {1, 4, 4, 4, 2}};
+  for (const auto& c : cases) {
+    const int64_t S = c[0], B = c[1], heads = c[2], kv = c[3], world = c[4], dim = 16;
+    const int64_t local_q = heads / world, local_kv = kv >= world ? kv / world : 1, n = local_q + 2 * local_kv;
+    // [B, S, H, D] tensors seen as [S, B, H, D] (the batched layer's transposed inputs)
+    TensorArg q = make({S, B, heads, dim}, DType::Float16, cuda0, {heads * dim, S * heads * dim, dim, 1}),
+              k = make({S, B, kv, dim}, DType::Float16, cuda0, {kv * dim, S * kv * dim, dim, 1}),
+              v = make({S, B, kv, dim}, DType::Float16, cuda0, {2 * kv * dim, S * 2 * kv * dim, dim, 1});
+    test::HostBuffer bq, bk, bv;
+    bq.attach(q, seed++);
+    bk.attach(k, seed++);
+    bv.attach(v, seed++);
+    auto s = check_pack_qkv_gqa(q, k, v, world, 1);
+    CHECK_EQ(s.out_shape[2], S * B);
+    CHECK_EQ(s.out_shape[3], n * dim);
+    TensorArg out = make({1, world, S * B, n * dim}, DType::Float16);
+    test::HostBuffer bo;
+    bo.attach(out, seed++);
+    test::execute_on_host(plan_pack_qkv_gqa(s, q, k, v, out));
+    bool ok = true;
+    const auto* o = static_cast<const uint16_t*>(out.data);
+    auto at = [](const TensorArg& t, int64_t r, int64_t b, int64_t h, int64_t i) {
+      return static_cast<const uint16_t*>(t.data)[r * t.strides[0] + b * t.strides[1] + h * t.strides[2] + i];
+    };
+    for (int64_t d = 0; d < world; ++d)
+      for (int64_t r = 0; r < S; ++r)
+        for (int64_t b = 0; b < B; ++b) {
+          const uint16_t* row = o + (d * S * B + r * B + b) * n * dim;
+          for (int64_t h = 0; h < local_q; ++h)
+            for (int64_t i = 0; i < dim; ++i) ok &= row[h * dim + i] == at(q, r, b, d * local_q + h, i);
+          for (int64_t h = 0; h < local_kv; ++h) {
+            const int64_t src = kv >= world ? d * local_kv + h : d * kv / world;
+            for (int64_t i = 0; i < dim; ++i) {
+              ok &= row[(local_q + h) * dim + i] == at(k, r, b, src, i);
+              ok &= row[(local_q + local_kv + h) * dim + i] == at(v, r, b, src, i);
+            }
+          }
+        }
+    if (!ok)
+      test::fail(__FILE__, __LINE__, "[S, B, H, D] pack mismatch S=" + std::to_string(S) + " B=" + std::to_string(B));
+  }
+  const char* msg = "ulysses: q, k and v of two row dimensions must agree on them, with one chunk";
+  const TensorArg q4 = make({4, 2, 8, 8}), k4 = make({4, 2, 4, 8});
+  CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(q4, k4, k4, 2, 2), msg);
+  CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(q4, make({4, 3, 4, 8}), k4, 2, 1), msg);
+  CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(q4, make({4, 8, 8}), k4, 2, 1), msg);
+}
+
 TEST_MAIN()

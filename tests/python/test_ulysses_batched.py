@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attnprep import ulysses
-from conftest import assert_ranks_ok, run_rank, spawn_ranks
+from conftest import assert_ranks_ok, nccl_ranks_ok, run_rank, spawn_ranks
 
 
 def reference(q, k, v, key_mask, causal):
@@ -147,3 +147,40 @@ def test_local_checks_in_order():
         "TypeError: ulysses: rank 0: key_padding_mask must be a torch.Tensor, got list",
     ]
     assert codes == [0]
+
+
+def _views_body(rank, world, device, dtype):
+    """Attention's q, k and v for B = 2 are views of one receive buffer (no copy on the receiver), [B, S, h, D] with
+    a unit last stride, and the layer still equals float64 attention over the whole sequence."""
+    rows_of = [5, 4][:world] if world > 1 else [7]
+    q, k, v, mask, mine = shards(world, rows_of, 2, 4, 2, 32, True, seed=7)
+    want = reference(q, k, v, mask, False)[:, mine[rank]]
+    seen = []
+    inner = ulysses.sdpa_batched()
+
+    def attn(ql, kl, vl, key_mask):
+        bases = {t.untyped_storage().data_ptr() for t in (ql, kl, vl)}
+        seen.append((len(bases), ql.shape[0], ql.stride(-1), kl.stride(-1), vl.stride(-1)))
+        return inner(ql, kl, vl, key_mask)
+
+    def local(t):
+        return t[:, mine[rank]].to(device=device, dtype=dtype)
+
+    got = ulysses.ulysses_attention(
+        local(q), local(k), local(v), attn_fn=attn, key_padding_mask=mask[:, mine[rank]].to(device)
+    )
+    err = ((got.double().cpu() - want).abs().max() / want.abs().max()).item()
+    tol = 1e-12 if dtype == torch.float64 else 1e-5 if dtype == torch.float32 else 1e-2
+    if seen != [(1, 2, 1, 1, 1)]:
+        return f"attention saw {seen}: not views of one receive buffer"
+    return "ok" if err <= tol else f"error {err} over {tol}"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_attention_reads_views_of_the_receive_buffer(world):
+    assert_ranks_ok(run_rank, world, "gloo", _views_body, torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_reads_views_of_the_receive_buffer_nccl(dtype):
+    nccl_ranks_ok(1, _views_body, dtype)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from .. import _C
 from .agreement import (
+    AUTO_CHUNKS,
     _causal_code,
     _dtype_code,
     _every_rank,
@@ -26,6 +27,7 @@ from .agreement import (
     _wire_code,
     _world,
 )
+from .exchange import _MERGE_DTYPES
 
 Tensor = torch.Tensor
 BatchedAttnFn = Callable[[Tensor, Tensor, Tensor, Optional[Tensor]], Tensor]
@@ -108,17 +110,25 @@ def _batched_fields(
 
 
 def _fold(t: Tensor, rows: int, heads: int, expand: int = 1) -> Tensor:
-    """``[B, S, h, D]`` -> ``[B * rows, heads, D]``: each head repeated ``expand``
-    times (kv heads expanded to q's), then rows and heads padded with zeros; a
-    view where nothing is padded or expanded and the batch folds into the rows."""
+    """``[B, S, h, D]`` -> ``[rows, B, heads, D]``, rows (s, b) as the exchange
+    carries them (so that the receive buffer views as whole sequences): each
+    head repeated ``expand`` times (kv heads expanded to q's), then rows and
+    heads padded with zeros; a view where nothing is padded or expanded."""
     if expand > 1:
         t = t.repeat_interleave(expand, dim=2)
     batch, s, h, dim = t.shape
     if s == rows and h == heads:
-        return t.reshape(batch * rows, heads, dim)
-    out = t.new_zeros(batch, rows, heads, dim)
-    out[:, :s, :h] = t
-    return out.view(batch * rows, heads, dim)
+        return t.transpose(0, 1)
+    out = t.new_zeros(rows, batch, heads, dim)
+    out[:s, :, :h] = t.transpose(0, 1)
+    return out
+
+
+def sequence_views(t: Tensor, world: int, batch: int) -> Tensor:
+    """The exchange's ``[world * rows * B, h, D]`` (rows by source rank, then row, then batch; any row stride) as
+    whole sequences ``[B, world * rows, h, D]``: a view, (rank, row) merging into one sequence dimension."""
+    rows = t.shape[0] // (world * batch)
+    return t.view(world, rows, batch, t.shape[1], t.shape[2]).permute(2, 0, 1, 3, 4).flatten(1, 2)
 
 
 def _sequence_mask(valid: Tensor, group, world: int) -> Tensor:
@@ -143,9 +153,11 @@ def batched_attention(
     transport: str,
     layer: Callable,
     return_lse: bool = False,
+    rows_layer: Optional[Callable] = None,
 ):
-    """ulysses_attention on ``[B, S, H, D]`` inputs (``layer``: the three-dimensional one); with return_lse,
-    (out, lse) with lse ``[B, H, S]`` float32 for this rank's rows."""
+    """ulysses_attention on ``[B, S, H, D]`` inputs (``layer``: the three-dimensional one; ``rows_layer``: its
+    CUDA NCCL one-chunk path on ``[rows, B, H, D]``, returning ``[B, rows, H, D]``); with return_lse, (out, lse)
+    with lse ``[B, H, S]`` float32 for this rank's rows."""
     world, _ = _world(group)
 
     def local():
@@ -171,30 +183,41 @@ def batched_attention(
     attend = attn_fn or sdpa_batched(causal)
 
     def whole_sequences(ql: Tensor, kl: Tensor, vl: Tensor):
-        """Attention on the layer's ``[world * B * rows, h, D]`` (rows by source
-        rank, then batch): each sequence whole, then back in that order (and
-        with return_lse its ``[B, h, S]`` lse as the layer's ``[h, rows]``)."""
-
-        def unfold(t):
-            return t.view(world, batch, longest, t.shape[1], dim).transpose(0, 1).reshape(batch, -1, t.shape[1], dim)
+        """Attention on the layer's ``[world * rows * B, h, D]`` (rows by source
+        rank, then row, then batch) as views ``[B, S, h, D]`` of it, each
+        sequence whole; then back in that order (and with return_lse its
+        ``[B, h, S]`` lse as the layer's ``[h, rows]``)."""
 
         h = ql.shape[1]
-        result = attend(unfold(ql), unfold(kl), unfold(vl), key_mask)
+        views = (sequence_views(t, world, batch) for t in (ql, kl, vl))
+        result = attend(*views, key_mask)
         out, lse = result if return_lse and isinstance(result, tuple) and len(result) == 2 else (result, None)
         if not (isinstance(out, Tensor) and out.shape == (batch, world * longest, h, dim)):
             return result  # the layer reports it, with its message
-        out = out.view(batch, world, longest, h, dim).transpose(0, 1).reshape(ql.shape)
+        out = out.view(batch, world, longest, h, dim).permute(1, 2, 0, 3, 4).reshape(ql.shape)
         if not return_lse:
             return out
         if not (isinstance(lse, Tensor) and lse.shape == (batch, h, world * longest)):
             return out, lse  # likewise
-        return out, lse.view(batch, h, world, longest).permute(1, 2, 0, 3).reshape(h, -1)
+        return out, lse.view(batch, h, world, longest).permute(1, 2, 3, 0).reshape(h, -1)
 
     expand = heads // k.shape[2] if pkv != k.shape[2] else 1
-    q3, k3, v3 = _fold(q, longest, ph), _fold(k, longest, pkv, expand), _fold(v, longest, pkv, expand)
+    q4, k4, v4 = _fold(q, longest, ph), _fold(k, longest, pkv, expand), _fold(v, longest, pkv, expand)
+    if rows_layer is not None and _rows_path(q, transport, chunks, wire_dtype, return_lse):
+        return rows_layer(q4, k4, v4, group, whole_sequences)[:, :s, :heads]
+    q3, k3, v3 = (t.reshape(longest * batch, t.shape[2], dim) for t in (q4, k4, v4))
     got = layer(q3, k3, v3, group, whole_sequences, causal, False, chunks, wire_dtype, transport, None, return_lse)
     out = got[0] if return_lse else got
-    out = out.view(batch, longest, ph, dim)[:, :s, :heads]
+    out = out.view(longest, batch, ph, dim).transpose(0, 1)[:, :s, :heads]
     if not return_lse:
         return out
-    return out, got[1].view(ph, batch, longest).transpose(0, 1)[:, :heads, :s]
+    return out, got[1].view(ph, longest, batch).permute(2, 0, 1)[:, :heads, :s]
+
+
+def _rows_path(q: Tensor, transport: str, chunks, wire_dtype, return_lse: bool) -> bool:
+    """Whether the pack reads the ``[rows, B, H, D]`` views itself (CUDA, NCCL, one chunk, no fp8 wire, no lse, a
+    dtype usp_merge_heads takes);
+    elsewhere ``B > 1`` rows are regrouped on the sender (one copy, with any padding)."""
+    one_chunk = chunks == 1 or (chunks == "auto" and AUTO_CHUNKS == 1)
+    plain = wire_dtype is None and not return_lse and q.dtype in _MERGE_DTYPES
+    return q.is_cuda and transport == "nccl" and one_chunk and plain

@@ -11,9 +11,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import _C, _peer
+from ..usp_merge_heads import usp_merge_heads
 from .agreement import _AUTO_FIELD, AUTO_CHUNKS, _checked_chunks, _plan, _world
 from .batched import batched_attention
-from .exchange import _pack_torch, _scatter, _unit_head_dim, _unpack, gather_heads
+from .exchange import _exchange, _pack_torch, _scatter, _unit_head_dim, _unpack, gather_heads
 
 Tensor = torch.Tensor
 AttnFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -133,6 +134,7 @@ def ulysses_attention(
             transport,
             _attention,
             return_lse,
+            _attention_rows,
         )
     return _attention(
         q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask, return_lse
@@ -155,6 +157,19 @@ def _attention(
         ql, kl, vl = _scatter(q, k, v, group, False, wire_dtype)
         return gather_heads(attn(ql, kl, vl), group, wire_dtype=wire_dtype, validate=False)  # attn's result is checked
     return _chunked_attention(q, k, v, group, attn, chunks, transport)
+
+
+def _attention_rows(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn) -> Tensor:
+    """The batched layer's CUDA NCCL one-chunk path (checked by it): ``[rows, B, H, D]`` views packed as they lie
+    (rows (s, b)), ``attn`` on the receive buffer's views, and the way back merged straight into ``[B, rows, H,
+    D]``."""
+    world, _ = _world(group)
+    rows, batch, heads, dim = q.shape
+    q, k, v = _unit_head_dim(q, k, v)
+    _, recv = _exchange(_C._pack_qkv_gqa(q, k, v, world, 1)[0], group, world, False)
+    o = _checked(attn)(*_unpack(recv, heads, k.shape[2], dim, world))
+    _, back = _exchange(o.view(world, rows * batch, heads // world, dim).contiguous(), group, world, False)
+    return usp_merge_heads(back.view(world, rows, batch, heads // world, dim)).view(batch, rows, heads, dim)
 
 
 def _checked_lse(attn: Callable):
