@@ -153,7 +153,6 @@ void check_ulysses_chunks(int64_t local_q, int64_t local_kv, bool kv_split, int6
 namespace {
 // [S, B, H, D] as the 3-D [S * B, H, D] the checks read (rows (s, b), row-major; the row stride is not read).
 TensorArg folded_rows(const TensorArg& t) {
-  if (t.ndim != 4) return t;
   TensorArg r = t;
   r.ndim = 3;
   r.shape[0] = t.size(0) * t.size(1);
@@ -168,12 +167,12 @@ TensorArg folded_rows(const TensorArg& t) {
 
 PackGqaShape check_pack_qkv_gqa(const TensorArg& q4, const TensorArg& k4, const TensorArg& v4, int64_t world_size,
                                 int64_t chunks) {
-  // Internal: [S, B, H, D] inputs (the batched layer's rows (s, b)) with one chunk; the layer never asks otherwise.
-  const bool two_row_dims = q4.ndim == 4;
-  require(!two_row_dims || (k4.ndim == 4 && v4.ndim == 4 && chunks == 1 && k4.size(0) == q4.size(0) &&
-                            k4.size(1) == q4.size(1) && v4.size(0) == q4.size(0) && v4.size(1) == q4.size(1)),
-          "ulysses: q, k and v of two row dimensions must agree on them, with one chunk");
-  const TensorArg q = folded_rows(q4), k = folded_rows(k4), v = folded_rows(v4);
+  // Internal: [S, B, H, D] inputs (the batched layer's rows (s, b)) with one chunk; other 4-D inputs meet the
+  // geometry check's message.
+  const bool two_row_dims = q4.ndim == 4 && k4.ndim == 4 && v4.ndim == 4 && chunks == 1 && k4.size(0) == q4.size(0) &&
+                            k4.size(1) == q4.size(1) && v4.size(0) == q4.size(0) && v4.size(1) == q4.size(1);
+  const TensorArg q = two_row_dims ? folded_rows(q4) : q4, k = two_row_dims ? folded_rows(k4) : k4,
+                  v = two_row_dims ? folded_rows(v4) : v4;
   check_ulysses_geometry(q, k, v, world_size);
   require(q.device.type == DeviceType::CUDA, "ulysses: q, k and v must be on one CUDA device");
   require(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,

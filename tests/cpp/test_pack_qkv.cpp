@@ -380,7 +380,7 @@ TEST_CASE("grouped pack of [S, B, H, D] views: rows (s, b), split and replicated
     if (!ok)
       test::fail(__FILE__, __LINE__, "[S, B, H, D] pack mismatch S=" + std::to_string(S) + " B=" + std::to_string(B));
   }
-  const char* msg = "ulysses: q, k and v of two row dimensions must agree on them, with one chunk";
+  const char* msg = "ulysses: q must be [rows, heads, head_dim] and k, v [rows, kv_heads, head_dim]";
   const TensorArg q4 = make({4, 2, 8, 8}), k4 = make({4, 2, 4, 8});
   CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(q4, k4, k4, 2, 2), msg);
   CHECK_THROWS_MSG(ValueError, check_pack_qkv_gqa(q4, make({4, 3, 4, 8}), k4, 2, 1), msg);
