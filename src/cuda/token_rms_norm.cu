@@ -7,6 +7,7 @@
 #include "cuda/launch.h"
 #include "cuda/rcp_sqrt.cuh"
 #include "cuda/rope_group.cuh"
+#include "cuda/rope_norm.cuh"
 
 namespace attnprep::cuda {
 namespace {
@@ -124,6 +125,86 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The token's row in registers, 16 bytes a thread per round (aligned rows of up to kVectorRounds rounds): the loads
+// coalesced and issued together, then the pairwise tree by groups, lanes, warps and rounds (extra zeros add nothing).
+constexpr int kVectorRounds = 4;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    token_rms_norm_vector_kernel(const TokenNormParams p, const T* x, const void* weight, T* out) {
+  constexpr int G = 16 / sizeof(T);
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float warp_sums[kVectorRounds][kWarps];
+  const int64_t t = blockIdx.x;
+  const uint32_t n = static_cast<uint32_t>(p.heads * p.head_dim), D = static_cast<uint32_t>(p.head_dim);
+  const int rounds = max(1, p.padded / (kThreads * G));
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) / 32;
+  wait_for_prior_kernels();
+  rope::Group<T, G> g[kVectorRounds];
+  uint32_t at[kVectorRounds];  // the group's first element, n where it holds none
+#pragma unroll
+  for (int r = 0; r < kVectorRounds; ++r) {
+    const uint32_t e = (static_cast<uint32_t>(r) * kThreads + threadIdx.x) * G;
+    at[r] = r < rounds && e < n ? e : n;
+    if (at[r] < n) {
+      const uint32_t h = e / D;
+      g[r].load(x + t * p.x_stride_token + h * p.x_stride_head + (e - h * D));
+    } else {
+#pragma unroll
+      for (int i = 0; i < G; ++i) g[r].e[i] = elements::from_float<T>(0.f);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kVectorRounds; ++r) {
+    if (r >= rounds) break;
+    float s = rope::group_squares(g[r]);
+    for (int off = 1; off < 32; off *= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
+    if (lane == 0) warp_sums[r][warp] = s;
+  }
+  __syncthreads();
+  float sum[kVectorRounds];
+#pragma unroll
+  for (int r = 0; r < kVectorRounds; ++r) {
+    float w[kWarps];
+#pragma unroll
+    for (int i = 0; i < kWarps; ++i) w[i] = r < rounds ? warp_sums[r][i] : 0.f;
+#pragma unroll
+    for (int step = 1; step < kWarps; step *= 2)
+#pragma unroll
+      for (int i = 0; i < kWarps; i += 2 * step) w[i] = __fadd_rn(w[i], w[i + step]);
+    sum[r] = w[0];
+  }
+#pragma unroll
+  for (int step = 1; step < kVectorRounds; step *= 2)
+#pragma unroll
+    for (int r = 0; r < kVectorRounds; r += 2 * step) sum[r] = __fadd_rn(sum[r], sum[r + step]);
+  const float inv = rcp_sqrt_rn(__fadd_rn(__fdiv_rn(sum[0], static_cast<float>(n)), p.eps));
+  let_next_kernel_start();
+#pragma unroll
+  for (int r = 0; r < kVectorRounds; ++r) {
+    if (at[r] >= n) continue;
+    const uint32_t e = at[r], h = e / D;
+    const auto w = [&](int i) {
+      return p.weight_f32 ? static_cast<const float*>(weight)[e + i]
+                          : elements::to_float(static_cast<const T*>(weight)[e + i]);
+    };
+    if (p.offset == 0.f)
+      rope::normalize_with<rope::kNormRoundThenWeight>(g[r], w, inv);
+    else
+      rope::normalize_with<rope::kNormOffsetWeight>(g[r], [&](int i) { return __fadd_rn(p.offset, w(i)); }, inv);
+    g[r].store(out + t * p.out_stride_token + h * p.out_stride_head + (e - h * D));
+  }
+}
+
+// Whether a row can be held in registers: whole 16-byte groups, aligned, within kVectorRounds rounds.
+template <typename T>
+bool vector_rows(const TokenNormParams& p, const void* x, const void* out) {
+  constexpr int G = 16 / sizeof(T);
+  const auto aligned = [](const void* a) { return reinterpret_cast<uintptr_t>(a) % 16 == 0; };
+  return p.head_dim % G == 0 && p.x_stride_token % G == 0 && p.x_stride_head % G == 0 && p.out_stride_token % G == 0 &&
+         p.out_stride_head % G == 0 && aligned(x) && aligned(out) && p.padded <= kVectorRounds * kThreads * G;
+}
+
 }  // namespace
 
 cudaError_t token_rms_norm(const TokenNormParams& p, const void* x, const void* weight, void* out, core::DType dtype,
@@ -132,6 +213,9 @@ cudaError_t token_rms_norm(const TokenNormParams& p, const void* x, const void* 
   if (p.tokens >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
   return rope::with_element_type(dtype, false, [&](auto element, auto) {
     using T = decltype(element);
+    if (vector_rows<T>(p, x, out))
+      return launch_kernel(token_rms_norm_vector_kernel<T>, dim3(static_cast<unsigned>(p.tokens)), dim3(kThreads),
+                           stream, p, static_cast<const T*>(x), weight, static_cast<T*>(out));
     const int floats = p.padded + p.padded / 32;
     if (floats <= kStagedMaxFloats)
       return launch_kernel_shared(token_rms_norm_staged_kernel<T>, dim3(static_cast<unsigned>(p.tokens)),
