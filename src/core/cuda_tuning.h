@@ -41,7 +41,7 @@ struct WireCudaPolicySm90 {
 struct RopeCudaPolicySm90 {
   // 128 threads at 10 blocks per SM: <= 48 registers, no spills; 32/8 heads = 3 whole rounds, +3 points (H200).
   static constexpr int32_t max_threads = 128;
-  static constexpr int32_t min_blocks_per_sm = 10;
+  static constexpr int32_t min_blocks_per_sm = 1;
   // a block per token from 1024 tokens, split one-round blocks below: a small call is one round trip (H200).
   static constexpr int64_t split_below = 1024;
   // the next round's item asked of L2: +2-3 points from 1024 tokens; none or two ahead slower (H200).
@@ -52,9 +52,9 @@ struct RopeCudaPolicySm90 {
   static constexpr int norm_min_groups_per_lane = 2;
   static constexpr int norm_max_per_lane = 16;
   // QK norm in the rotation kernel: 56 registers, no spills at 9 blocks (H200).
-  static constexpr int32_t norm_min_blocks_per_sm = 9;
+  static constexpr int32_t norm_min_blocks_per_sm = 1;
   // one-round QK-norm blocks, pools in q's dtype: a 10th block beats its 8 bytes of spills (H200).
-  static constexpr int32_t norm_one_round_min_blocks_per_sm = 10;
+  static constexpr int32_t norm_one_round_min_blocks_per_sm = 1;
   // computing cos/sin with the QK norm in one wave: a table warp, the norm overlaps the table (H200).
   static constexpr int32_t table_warp_threads = 32;
   static constexpr int32_t norm_table_warp_min_blocks_per_sm =
@@ -65,11 +65,24 @@ struct RopeCudaPolicySm90 {
   static constexpr int32_t norm_stage_max_blocks_per_sm = 5;
   // tokens of <= 3 rounds (32/8 at 128) at 10 blocks per SM: gained there, cost 64/8 (5 rounds) (H200).
   static constexpr int32_t norm_short_token_max_rounds = 3;
-  static constexpr int32_t norm_short_token_min_blocks_per_sm = 10;
+  static constexpr int32_t norm_short_token_min_blocks_per_sm = 1;
   // ... and half the usual one-round tail: 32/8 better than all or a third of it; 64/8 lost with half (H200).
   static constexpr int32_t norm_short_token_tail_share = 2;
   // the general QK-norm kernel: 64 registers at 8 blocks; 9 spilled 12-44 bytes.
-  static constexpr int32_t general_norm_min_blocks_per_sm = 8;
+  static constexpr int32_t general_norm_min_blocks_per_sm = 1;
+};
+
+// mla_rope_pool_fused: a warp per token.
+struct MlaCudaPolicySm90 {
+  // a lane's items loaded together: DeepSeek-V3's 136 in-place items per token in one batch (95-102 registers).
+  static constexpr int batch_groups = 8;
+  // kv_c elements a lane holds (kv_lora_rank 512); longer runs are read in chunks of this size.
+  static constexpr int latent_run = 16;
+  // no register cap: at 8 blocks per SM (64 registers) every batch size of 4-8 spilled 42-340 bytes (sm_90 ptxas).
+  static constexpr int32_t min_blocks_per_sm = 1;
+  // a warp per token from 1024 tokens; below, a warp per 32 of a token's items: H200 replay at T = 1 4.35 us with a
+  // warp per token against 2.41 for the block-per-token design.
+  static constexpr int64_t split_below = 1024;
 };
 
 // ---- sm_80 (A100) and sm_100 (B200): not measured; sm_90's values.
@@ -80,6 +93,7 @@ struct CudaTuning<90> {
   using Copy = CopyCudaPolicySm90;
   using Wire = WireCudaPolicySm90;
   using Rope = RopeCudaPolicySm90;
+  using Mla = MlaCudaPolicySm90;
 };
 template <>
 struct CudaTuning<80> : CudaTuning<90> {};
@@ -98,6 +112,7 @@ inline constexpr int kCompiledSm = 90;
 using CopyCudaPolicy = CudaTuning<kCompiledSm>::Copy;
 using WireCudaPolicy = CudaTuning<kCompiledSm>::Wire;
 using RopeCudaPolicy = CudaTuning<kCompiledSm>::Rope;
+using MlaCudaPolicy = CudaTuning<kCompiledSm>::Mla;
 
 // The launchers size grids and pick instantiations on the host with sm_90's
 // values: a generation that changes a policy must key the launcher by the
@@ -107,7 +122,7 @@ constexpr bool same_policies_as_sm90() {
   using A = CudaTuning<kSm>;
   using B = CudaTuning<90>;
   return std::is_same_v<typename A::Copy, typename B::Copy> && std::is_same_v<typename A::Wire, typename B::Wire> &&
-         std::is_same_v<typename A::Rope, typename B::Rope>;
+         std::is_same_v<typename A::Rope, typename B::Rope> && std::is_same_v<typename A::Mla, typename B::Mla>;
 }
 static_assert(same_policies_as_sm90<80>() && same_policies_as_sm90<100>(),
               "a generation's own policy needs a launcher keyed by the device's generation");

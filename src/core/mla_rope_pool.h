@@ -45,7 +45,7 @@ MlaRopeParams make_mla_rope_params(const MlaRopeArgs& a, const TensorArg& q_rot,
 // The slots of a checked cache: [slots, W] or pages * page_size of [pages, page_size, W].
 int64_t mla_cache_slots(const TensorArg& kv_cache);
 
-// How the kernels are launched: a block (threadgroup) per token.
+// Threads of a block: the Metal kernel's threadgroup per token, the CUDA kernel's four warps (a warp per token).
 constexpr int32_t kMlaThreads = 128;
 
 // The Metal kernel's dispatch (mla_rope_pool in src/metal/rope_pool.metal), built here once for the MPS dispatcher

@@ -1,7 +1,7 @@
-// mla_rope_pool_fused on CUDA: a block per token (split across blocks in small calls). The token's first block
-// normalizes kv_c (each thread a power-of-two run of it, a butterfly, then the warps' sums in order: the contract's
-// pairwise sum) and writes it to the latent cache; every block rotates its share of q's rope parts and k_pe from a
-// cos/sin table in shared memory, copying q's other elements where q_rot is not q.
+// mla_rope_pool_fused on CUDA: a warp per token (a token's items over several warps in small calls), with no block
+// barrier. Each lane loads its batch of items and its run of kv_c before the token's position is known, the warp
+// builds the token's cos/sin table in its own shared memory, normalizes kv_c (each lane's run summed pairwise, then a
+// butterfly: the contract's pairwise sum) into the latent cache, and rotates its items.
 #include "cuda/mla_rope_pool.h"
 
 #include <cstdint>
@@ -19,9 +19,9 @@ namespace attnprep::cuda {
 namespace {
 
 using namespace rope;
+using Policy = core::MlaCudaPolicy;
 constexpr int kThreads = core::kMlaThreads;
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxRun = core::kMlaMaxRank / kThreads;  // kv_c elements a thread holds at most (16)
+constexpr int kWarps = kThreads / 32;  // tokens (or token parts) per block
 
 // The token's slot as (page, offset) of the cache, or nothing to write.
 struct Place {
@@ -53,147 +53,228 @@ __device__ __forceinline__ void store_cache(const MlaRopeParams& p, const Group<
     g.store(static_cast<T*>(row) + e);
 }
 
-// kv_c of token t, normalized where asked, into its cache row (the block's threads together; a block barrier
-// inside when normalizing).
+// kv_c of token t, a lane's power-of-two run of it: held in registers up to Policy::latent_run elements (L <= 512),
+// a longer run summed chunk by chunk (pairwise, so the same tree) and read again to be written.
 template <typename T, int W>
-__device__ __forceinline__ void write_latent(const MlaRopeParams& p, const MlaRopePointers& ptr, int64_t t,
-                                             const Place& pl, float* warp_sums) {
-  constexpr int kG = kMaxRun / W > 0 ? kMaxRun / W : 1;
-  const int run = max(W, p.norm_padded / kThreads);  // a power of two: the thread's elements
-  const int first = static_cast<int>(threadIdx.x) * run;
-  const T* src = static_cast<const T*>(ptr.kv_c) + t * p.kv_stride;
+struct Latent {
+  static constexpr int kChunk = Policy::latent_run < W ? W : Policy::latent_run;
+  static constexpr int kG = kChunk / W;
+  static constexpr int kMaxChunks = core::kMlaMaxRank / 32 / kChunk > 1 ? core::kMlaMaxRank / 32 / kChunk : 1;
   Group<T, W> x[kG];
   bool has[kG];
-#pragma unroll
-  for (int j = 0; j < kG; ++j) {
-    has[j] = j * W < run && first + j * W < p.kv_rank;
-    if (has[j]) x[j].load(src + first + j * W);
-  }
-  if (p.norm) {
-    float ss = run_squares(x, has);
-    for (int off = 1; off < 32; off *= 2) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, off));
-    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float s[kWarps];
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s[w] = warp_sums[w];
-#pragma unroll
-    for (int step = 1; step < kWarps; step *= 2)
-#pragma unroll
-      for (int w = 0; w < kWarps; w += 2 * step) s[w] = __fadd_rn(s[w], s[w + step]);
-    const float inv = rcp_sqrt_rn(__fadd_rn(__fdiv_rn(s[0], static_cast<float>(p.kv_rank)), p.norm_eps));
-    const bool f32 = p.norm_f32;
+  int first = 0, chunk = 0, chunks = 0;
+  const T* src = nullptr;
+
+  __device__ __forceinline__ void load_chunk(const MlaRopeParams& p, int c) {
 #pragma unroll
     for (int j = 0; j < kG; ++j) {
-      if (!has[j]) continue;
-      const int e0 = first + j * W;
-      normalize_with<kNormRoundThenWeight>(
-          x[j],
-          [&](int i) {
-            return f32 ? static_cast<const float*>(ptr.kv_norm_weight)[e0 + i]
-                       : to_float(static_cast<const T*>(ptr.kv_norm_weight)[e0 + i]);
-          },
-          inv);
+      const int e = first + c * chunk + j * W;
+      has[j] = j * W < chunk && e < p.kv_rank;
+      if (has[j]) x[j].load(src + e);
     }
   }
-  const float scale = p.cache_fp8 ? *ptr.cache_scale : 1.f;
-  void* row = static_cast<char*>(ptr.kv_cache) +
-              (pl.page * p.kv_stride_page + pl.offset * p.kv_stride_offset) * (p.cache_fp8 ? 1 : sizeof(T));
-#pragma unroll
-  for (int j = 0; j < kG; ++j)
-    if (has[j]) store_cache(p, x[j], row, first + j * W, scale);
-}
 
-// One rotation item: a rope group (or pair of groups) of a q head or of k_pe, or a copied group of q.
-template <typename T, int W>
-__device__ __forceinline__ void rotate_item(const MlaRopeParams& p, const MlaRopePointers& ptr, int64_t t,
-                                            const Place& pl, const float2* cs, int item, int per_head, int q_items,
-                                            int copy_items) {
-  const int half = p.rotary_dim / 2;
-  const int nope = p.q_dim - p.rotary_dim;
-  const bool is_q = item < q_items;
-  int head = 0, r = item - q_items;  // r: the rope item within k_pe (then q's head below)
-  if (is_q) {
-    head = item / per_head;
-    r = item - head * per_head - copy_items;
+  __device__ __forceinline__ void load(const MlaRopeParams& p, const MlaRopePointers& ptr, int64_t t, int lane) {
+    const int run = max(W, p.norm_padded / 32);
+    chunk = min(run, kChunk);
+    chunks = run / chunk;
+    first = lane * run;
+    src = static_cast<const T*>(ptr.kv_c) + t * p.kv_stride;
+    load_chunk(p, 0);
   }
-  const T* src = is_q ? static_cast<const T*>(ptr.q) + t * p.q_stride_token + head * p.q_stride_head + nope
-                      : static_cast<const T*>(ptr.k_pe) + t * p.pe_stride;
-  const int64_t out = is_q ? t * p.qo_stride_token + head * p.qo_stride_head + nope : t * p.pe_out_stride;
-  // q_rot in T or fp8, from its start; k_pe_rot in T (element offsets either way)
-  const auto store_out = [&](const Group<T, W>& g, int e) {
-    if (is_q && p.q_fp8)
-      store_fp8(g, static_cast<unsigned char*>(ptr.q_rot) + out + e, core::Fp8Quotient(*ptr.q_scale), 1);
-    else
-      g.store(static_cast<T*>(is_q ? ptr.q_rot : ptr.k_pe_rot) + out + e);
-  };
-  if (r < 0) {  // a copied group of q's first `nope` elements
-    const int e = (r + copy_items) * W - nope;
-    Group<T, W> g;
-    g.load(src + e);
-    store_out(g, e);
-    return;
-  }
-  // lo/hi: NeoX halves (frequencies f ... f + W - 1), a GPT-J pair of single elements; or one GPT-J group of W / 2
-  // pairs (frequencies f ... f + W / 2 - 1)
-  const bool two = p.is_neox || W == 1;
-  const int f = W == 1 || p.is_neox ? r * W : r * W / 2;
-  const int lo_off = p.is_neox ? f : 2 * f, hi_off = p.is_neox ? f + half : 2 * f + 1;
-  Group<T, W> lo, hi;
-  lo.load(src + lo_off);
-  if (two) {
-    hi.load(src + hi_off);
+
+  __device__ __forceinline__ void write(const MlaRopeParams& p, const MlaRopePointers& ptr, const Place& pl) {
+    float inv = 1.f;
+    if (p.norm) {
+      float part[kMaxChunks];
 #pragma unroll
-    for (int i = 0; i < W; ++i) {
-      const float a = to_float(lo.e[i]), b = to_float(hi.e[i]);
-      lo.e[i] = from_float<T>(rotate_first(a, b, cs[f + i]));
-      hi.e[i] = from_float<T>(rotate_second(a, b, cs[f + i]));
-    }
-  } else {
+      for (int c = 0; c < kMaxChunks; ++c) {
+        if (c > 0 && c < chunks) load_chunk(p, c);
+        part[c] = c < chunks ? run_squares(x, has) : 0.f;  // absent chunks add exact zeros
+      }
 #pragma unroll
-    for (int j = 0; j < W / 2; ++j) {
-      const float2 x = lo.get2(j);
-      lo.set2(j, rotate_first(x.x, x.y, cs[f + j]), rotate_second(x.x, x.y, cs[f + j]));
+      for (int step = 1; step < kMaxChunks; step *= 2)
+#pragma unroll
+        for (int c = 0; c < kMaxChunks; c += 2 * step) part[c] = __fadd_rn(part[c], part[c + step]);
+      float ss = part[0];
+      for (int off = 1; off < 32; off *= 2) ss = __fadd_rn(ss, __shfl_xor_sync(0xffffffffu, ss, off));
+      inv = rcp_sqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(p.kv_rank)), p.norm_eps));
     }
-  }
-  store_out(lo, lo_off);
-  if (two) store_out(hi, hi_off);
-  if (!is_q && pl.write) {
-    const size_t bytes = p.cache_fp8 ? 1 : sizeof(T);
-    void* row =
-        static_cast<char*>(ptr.kpe_cache) + (pl.page * p.kpe_stride_page + pl.offset * p.kpe_stride_offset) * bytes;
     const float scale = p.cache_fp8 ? *ptr.cache_scale : 1.f;
-    store_cache(p, lo, row, lo_off, scale);
-    if (two) store_cache(p, hi, row, hi_off, scale);
+    void* row = static_cast<char*>(ptr.kv_cache) +
+                (pl.page * p.kv_stride_page + pl.offset * p.kv_stride_offset) * (p.cache_fp8 ? 1 : sizeof(T));
+    const bool f32 = p.norm_f32;
+    for (int c = 0; c < chunks; ++c) {
+      if (chunks > 1 && (p.norm || c > 0)) load_chunk(p, c);
+#pragma unroll
+      for (int j = 0; j < kG; ++j) {
+        if (!has[j]) continue;
+        const int e0 = first + c * chunk + j * W;
+        if (p.norm)
+          normalize_with<kNormRoundThenWeight>(
+              x[j],
+              [&](int i) {
+                return f32 ? static_cast<const float*>(ptr.kv_norm_weight)[e0 + i]
+                           : to_float(static_cast<const T*>(ptr.kv_norm_weight)[e0 + i]);
+              },
+              inv);
+        store_cache(p, x[j], row, e0, scale);
+      }
+    }
+  }
+};
+
+// The items of a token: per q head, its copied groups (none in place), then its rope items (NeoX: W frequencies in
+// two groups; GPT-J: W / 2 pairs in one group; single elements: a pair in two groups); then k_pe's rope items.
+struct Items {
+  int copy, rope, per_head, q, n;
+  core::FastDivmod head_div;
+};
+
+// Where item `item` reads and writes (element offsets from q / k_pe and q_rot / k_pe_rot) and what it is.
+template <int W, bool kTwo>
+struct Where {
+  int64_t src, out;
+  int f, lo, hi;
+  bool is_q, copy;
+
+  __device__ __forceinline__ Where(const MlaRopeParams& p, const Items& n, int64_t t, int item) {
+    const int half = p.rotary_dim / 2;
+    const int nope = p.q_dim - p.rotary_dim;
+    is_q = item < n.q;
+    int r = item - n.q;  // the rope item within k_pe, or within q's head below
+    int head = 0;
+    if (is_q) {
+      head = static_cast<int>(n.head_div.div(static_cast<uint32_t>(item)));
+      r = item - head * n.per_head - n.copy;
+    }
+    src = is_q ? t * p.q_stride_token + head * p.q_stride_head + nope : t * p.pe_stride;
+    out = is_q ? t * p.qo_stride_token + head * p.qo_stride_head + nope : t * p.pe_out_stride;
+    copy = r < 0;
+    f = kTwo ? r * W : r * W / 2;
+    lo = copy ? (r + n.copy) * W - nope : (p.is_neox ? f : 2 * f);
+    hi = p.is_neox ? f + half : 2 * f + 1;
+  }
+};
+
+// A lane's batch: up to kB items, loaded together, then rotated and stored.
+template <typename T, int W, bool kTwo>
+struct Batch {
+  static constexpr int kB = Policy::batch_groups / (kTwo ? 2 : 1);
+  Group<T, W> lo[kB], hi[kB];
+
+  __device__ __forceinline__ void load(const MlaRopeParams& p, const MlaRopePointers& ptr, const Items& n, int64_t t,
+                                       int base, int end) {
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int item = base + j * 32;
+      if (item >= end) break;
+      const Where<W, kTwo> w(p, n, t, item);
+      const T* src = static_cast<const T*>(w.is_q ? ptr.q : ptr.k_pe) + w.src;
+      lo[j].load(src + w.lo);
+      if (kTwo && !w.copy) hi[j].load(src + w.hi);
+    }
+  }
+
+  __device__ __forceinline__ void finish(const MlaRopeParams& p, const MlaRopePointers& ptr, const Items& n,
+                                         int64_t t, int base, int end, const Place& pl, const float2* cs) {
+#pragma unroll
+    for (int j = 0; j < kB; ++j) {
+      const int item = base + j * 32;
+      if (item >= end) break;
+      const Where<W, kTwo> w(p, n, t, item);
+      // q_rot in T or fp8, from its start; k_pe_rot in T (element offsets either way)
+      const auto store_out = [&](const Group<T, W>& g, int e) {
+        if (w.is_q && p.q_fp8)
+          store_fp8(g, static_cast<unsigned char*>(ptr.q_rot) + w.out + e, core::Fp8Quotient(*ptr.q_scale), 1);
+        else
+          g.store(static_cast<T*>(w.is_q ? ptr.q_rot : ptr.k_pe_rot) + w.out + e);
+      };
+      if (w.copy) {
+        store_out(lo[j], w.lo);
+        continue;
+      }
+      if constexpr (kTwo) {
+#pragma unroll
+        for (int i = 0; i < W; ++i) {
+          const float a = to_float(lo[j].e[i]), b = to_float(hi[j].e[i]);
+          lo[j].e[i] = from_float<T>(rotate_first(a, b, cs[w.f + i]));
+          hi[j].e[i] = from_float<T>(rotate_second(a, b, cs[w.f + i]));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < W / 2; ++i) {
+          const float2 x = lo[j].get2(i);
+          lo[j].set2(i, rotate_first(x.x, x.y, cs[w.f + i]), rotate_second(x.x, x.y, cs[w.f + i]));
+        }
+      }
+      store_out(lo[j], w.lo);
+      if (kTwo) store_out(hi[j], w.hi);
+      if (!w.is_q && pl.write) {
+        const size_t bytes = p.cache_fp8 ? 1 : sizeof(T);
+        void* row = static_cast<char*>(ptr.kpe_cache) +
+                    (pl.page * p.kpe_stride_page + pl.offset * p.kpe_stride_offset) * bytes;
+        const float scale = p.cache_fp8 ? *ptr.cache_scale : 1.f;
+        store_cache(p, lo[j], row, w.lo, scale);
+        if (kTwo) store_cache(p, hi[j], row, w.hi, scale);
+      }
+    }
+  }
+};
+
+template <typename T, int W, bool kTwo>
+__global__ void __launch_bounds__(kThreads, Policy::min_blocks_per_sm)
+    mla_rope_pool_kernel(const __grid_constant__ MlaRopeParams p, const MlaRopePointers ptr,
+                         const core::FastDivmod page_div, const Items n, int splits, int per_part) {
+  __shared__ float2 cs_all[kWarps][ATTNPREP_ROPE_MAX_HALF];
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t unit = int64_t{blockIdx.x} * kWarps + warp;  // (token, part)
+  if (unit >= p.num_tokens * splits) return;
+  const int64_t t = unit / splits;
+  const int part = static_cast<int>(unit - t * splits);
+  const int begin = part * per_part;
+  const int end = min(n.n, begin + per_part);
+  constexpr int kSpan = Batch<T, W, kTwo>::kB * 32;  // items of one batch of the warp
+  float2* cs = cs_all[warp];
+  wait_for_prior_kernels();
+  // The data first: its round trips overlap the position's and the table's.
+  Batch<T, W, kTwo> batch;
+  batch.load(p, ptr, n, t, begin + lane, end);
+  Latent<T, W> kv;
+  if (part == 0) kv.load(p, ptr, t, lane);
+  const Place pl = token_place(p, ptr, page_div, t);
+  const int half = p.rotary_dim / 2;
+  for (int i = lane; i < half; i += 32) cs[i] = token_cos_sin(p, ptr.cos_sin_cache, pl.pos, pl.pos_ok, i, p.inv_freq[i]);
+  __syncwarp();
+  let_next_kernel_start();
+  if (part == 0 && pl.write) kv.write(p, ptr, pl);
+  batch.finish(p, ptr, n, t, begin + lane, end, pl, cs);
+  for (int base = begin + kSpan; base < end; base += kSpan) {
+    batch.load(p, ptr, n, t, base + lane, end);
+    batch.finish(p, ptr, n, t, base + lane, end, pl, cs);
   }
 }
 
-template <typename T, int W>
-__global__ void __launch_bounds__(kThreads)
-    mla_rope_pool_kernel(const __grid_constant__ MlaRopeParams p, const MlaRopePointers ptr,
-                         const core::FastDivmod page_div, int items_per_block) {
-  __shared__ float2 cs[ATTNPREP_ROPE_MAX_HALF];
-  __shared__ float warp_sums[kWarps];
-  const int64_t t = blockIdx.x;
+template <typename T, int W, bool kTwo>
+cudaError_t launch(const MlaRopeParams& p, const MlaRopePointers& ptrs, const core::FastDivmod& page_div,
+                   cudaStream_t stream) {
   const int half = p.rotary_dim / 2;
-  // items of a q head: copied groups (none in place), then rope items (NeoX: W frequencies each, in two groups;
-  // GPT-J: W / 2 pairs in one group; one element per group: one pair)
-  const int copy_items = p.inplace ? 0 : (p.q_dim - p.rotary_dim) / W;
-  const int rope_items = W == 1 || p.is_neox ? half / W : p.rotary_dim / W;
-  const int per_head = copy_items + rope_items;
-  const int q_items = p.heads * per_head;
-  const int n_items = q_items + rope_items;
-  wait_for_prior_kernels();
-  const Place pl = token_place(p, ptr, page_div, t);
-  for (int i = threadIdx.x; i < half; i += blockDim.x)
-    cs[i] = token_cos_sin(p, ptr.cos_sin_cache, pl.pos, pl.pos_ok, i, p.inv_freq[i]);
-  if (blockIdx.y == 0 && pl.write) write_latent<T, W>(p, ptr, t, pl, warp_sums);
-  __syncthreads();
-  let_next_kernel_start();
-  const int begin = static_cast<int>(blockIdx.y) * items_per_block;
-  const int end = min(n_items, begin + items_per_block);
-  for (int item = begin + static_cast<int>(threadIdx.x); item < end; item += kThreads)
-    rotate_item<T, W>(p, ptr, t, pl, cs, item, per_head, q_items, copy_items);
+  Items n{};
+  n.copy = p.inplace ? 0 : (p.q_dim - p.rotary_dim) / W;
+  n.rope = kTwo ? half / W : p.rotary_dim / W;
+  n.per_head = n.copy + n.rope;
+  n.q = p.heads * n.per_head;
+  n.n = n.q + n.rope;
+  n.head_div = core::FastDivmod(static_cast<uint32_t>(n.per_head));
+  // small calls: a token's items over several warps, one item a lane (a warp walking a whole token is bound by its
+  // own instruction latency there)
+  const int splits = p.num_tokens >= Policy::split_below ? 1 : (n.n + 31) / 32;
+  const int per_part = ((n.n + splits - 1) / splits + 31) / 32 * 32;
+  const int64_t units = p.num_tokens * splits;
+  const dim3 grid(static_cast<unsigned>((units + kWarps - 1) / kWarps));
+  return launch_kernel(mla_rope_pool_kernel<T, W, kTwo>, grid, dim3(kThreads), stream, p, ptrs, page_div, n, splits,
+                       per_part);
 }
 
 }  // namespace
@@ -205,19 +286,9 @@ cudaError_t mla_rope_pool(const MlaRopeParams& p, const MlaRopePointers& ptrs, c
   return with_element_type(dtype, false, [&](auto element, auto) {
     using T = decltype(element);
     constexpr int V = 16 / sizeof(T);
-    const int W = p.width;
-    const int half = p.rotary_dim / 2;
-    const int64_t per_head =
-        (p.inplace ? 0 : (p.q_dim - p.rotary_dim) / W) + (W == 1 || p.is_neox ? half / W : p.rotary_dim / W);
-    const int64_t items = (int64_t{p.heads} + 1) * per_head;
-    // small calls: a token's items over several blocks, a round of the block's threads each
-    const int64_t rounds = (items + kThreads - 1) / kThreads;
-    const int64_t splits = p.num_tokens >= core::RopeCudaPolicy::split_below ? 1 : (rounds < 65535 ? rounds : 65535);
-    const int per_block = static_cast<int>((items + splits - 1) / splits);
-    const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(splits));
-    if (W == V)
-      return launch_kernel(mla_rope_pool_kernel<T, V>, grid, dim3(kThreads), stream, p, ptrs, page_div, per_block);
-    return launch_kernel(mla_rope_pool_kernel<T, 1>, grid, dim3(kThreads), stream, p, ptrs, page_div, per_block);
+    if (p.width == 1) return launch<T, 1, true>(p, ptrs, page_div, stream);
+    if (p.is_neox) return launch<T, V, true>(p, ptrs, page_div, stream);
+    return launch<T, V, false>(p, ptrs, page_div, stream);
   });
 }
 

@@ -145,14 +145,18 @@ def check(q, kv_c, k_pe, positions, slots, kv_cache, kpe_cache=None, page=1, **k
 
 @CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("geometry", ["deepseek", "odd", "one_head", "128_heads"])
+@pytest.mark.parametrize("geometry", ["deepseek", "odd", "one_head", "128_heads", "latent_2048", "latent_1000"])
 @pytest.mark.parametrize("cache", ["combined_paged", "combined_flat", "separate_paged", "fp8_paged"])
 @pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
 @pytest.mark.parametrize("T", [1, 17, 1100])
 def test_against_the_reference(dtype, geometry, cache, is_neox, T):
-    H, nope, R, L = {"deepseek": (16, 128, 64, 512), "odd": (3, 40, 32, 100), "one_head": (1, 0, 64, 512)}.get(
-        geometry, (128, 128, 64, 512)
-    )
+    H, nope, R, L = {
+        "deepseek": (16, 128, 64, 512),
+        "odd": (3, 40, 32, 100),
+        "one_head": (1, 0, 64, 512),
+        "latent_2048": (4, 64, 64, 2048),  # kv_c read in chunks on CUDA (lanes hold 16 elements at once)
+        "latent_1000": (5, 16, 32, 1000),
+    }.get(geometry, (128, 128, 64, 512))
     if geometry == "128_heads" and T == 1100:
         T = 65
     q, kv_c, k_pe = projection(T, H, nope, R, L, dtype, seed=T)
