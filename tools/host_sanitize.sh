@@ -23,8 +23,9 @@ ctest --test-dir "$BUILD" --output-on-failure
 # The package from python/ with the sanitized extension beside it.
 pkg="$BUILD/pkg"
 rm -rf "$pkg" && mkdir -p "$pkg/attnprep/metal"
-cp python/attnprep/*.py "$pkg/attnprep/"
-cp src/metal/rope_pool.metal src/core/rope_pool_params.h "$pkg/attnprep/metal/"
+cp -r python/attnprep/. "$pkg/attnprep/"  # subpackages (ulysses, integrations) included
+cp src/metal/*.metal src/core/rope_pool_params.h src/core/token_rms_norm_params.h "$pkg/attnprep/metal/"
+cp docs/contract.md "$pkg/attnprep/"
 cp "$BUILD"/_C*.so "$pkg/attnprep/"
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
 # Python's allocations are not ours to account for; a finding aborts the process

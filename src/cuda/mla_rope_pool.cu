@@ -176,8 +176,8 @@ struct Batch {
     }
   }
 
-  __device__ __forceinline__ void finish(const MlaRopeParams& p, const MlaRopePointers& ptr, const Items& n,
-                                         int64_t t, int base, int end, const Place& pl, const float2* cs) {
+  __device__ __forceinline__ void finish(const MlaRopeParams& p, const MlaRopePointers& ptr, const Items& n, int64_t t,
+                                         int base, int end, const Place& pl, const float2* cs) {
 #pragma unroll
     for (int j = 0; j < kB; ++j) {
       const int item = base + j * 32;
@@ -212,8 +212,8 @@ struct Batch {
       if (kTwo) store_out(hi[j], w.hi);
       if (!w.is_q && pl.write) {
         const size_t bytes = p.cache_fp8 ? 1 : sizeof(T);
-        void* row = static_cast<char*>(ptr.kpe_cache) +
-                    (pl.page * p.kpe_stride_page + pl.offset * p.kpe_stride_offset) * bytes;
+        void* row =
+            static_cast<char*>(ptr.kpe_cache) + (pl.page * p.kpe_stride_page + pl.offset * p.kpe_stride_offset) * bytes;
         const float scale = p.cache_fp8 ? *ptr.cache_scale : 1.f;
         store_cache(p, lo[j], row, w.lo, scale);
         if (kTwo) store_cache(p, hi[j], row, w.hi, scale);
@@ -245,7 +245,8 @@ __global__ void __launch_bounds__(kThreads, Policy::min_blocks_per_sm)
   if (part == 0) kv.load(p, ptr, t, lane);
   const Place pl = token_place(p, ptr, page_div, t);
   const int half = p.rotary_dim / 2;
-  for (int i = lane; i < half; i += 32) cs[i] = token_cos_sin(p, ptr.cos_sin_cache, pl.pos, pl.pos_ok, i, p.inv_freq[i]);
+  for (int i = lane; i < half; i += 32)
+    cs[i] = token_cos_sin(p, ptr.cos_sin_cache, pl.pos, pl.pos_ok, i, p.inv_freq[i]);
   __syncwarp();
   let_next_kernel_start();
   if (part == 0 && pl.write) kv.write(p, ptr, pl);
