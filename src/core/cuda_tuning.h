@@ -41,7 +41,7 @@ struct WireCudaPolicySm90 {
 struct RopeCudaPolicySm90 {
   // 128 threads at 10 blocks per SM: <= 48 registers, no spills; 32/8 heads = 3 whole rounds, +3 points (H200).
   static constexpr int32_t max_threads = 128;
-  static constexpr int32_t min_blocks_per_sm = 1;
+  static constexpr int32_t min_blocks_per_sm = 10;
   // a block per token from 1024 tokens, split one-round blocks below: a small call is one round trip (H200).
   static constexpr int64_t split_below = 1024;
   // the next round's item asked of L2: +2-3 points from 1024 tokens; none or two ahead slower (H200).
@@ -52,9 +52,9 @@ struct RopeCudaPolicySm90 {
   static constexpr int norm_min_groups_per_lane = 2;
   static constexpr int norm_max_per_lane = 16;
   // QK norm in the rotation kernel: 56 registers, no spills at 9 blocks (H200).
-  static constexpr int32_t norm_min_blocks_per_sm = 1;
+  static constexpr int32_t norm_min_blocks_per_sm = 9;
   // one-round QK-norm blocks, pools in q's dtype: a 10th block beats its 8 bytes of spills (H200).
-  static constexpr int32_t norm_one_round_min_blocks_per_sm = 1;
+  static constexpr int32_t norm_one_round_min_blocks_per_sm = 10;
   // computing cos/sin with the QK norm in one wave: a table warp, the norm overlaps the table (H200).
   static constexpr int32_t table_warp_threads = 32;
   static constexpr int32_t norm_table_warp_min_blocks_per_sm =
@@ -65,11 +65,11 @@ struct RopeCudaPolicySm90 {
   static constexpr int32_t norm_stage_max_blocks_per_sm = 5;
   // tokens of <= 3 rounds (32/8 at 128) at 10 blocks per SM: gained there, cost 64/8 (5 rounds) (H200).
   static constexpr int32_t norm_short_token_max_rounds = 3;
-  static constexpr int32_t norm_short_token_min_blocks_per_sm = 1;
+  static constexpr int32_t norm_short_token_min_blocks_per_sm = 10;
   // ... and half the usual one-round tail: 32/8 better than all or a third of it; 64/8 lost with half (H200).
   static constexpr int32_t norm_short_token_tail_share = 2;
   // the general QK-norm kernel: 64 registers at 8 blocks; 9 spilled 12-44 bytes.
-  static constexpr int32_t general_norm_min_blocks_per_sm = 1;
+  static constexpr int32_t general_norm_min_blocks_per_sm = 8;
 };
 
 // mla_rope_pool_fused: a warp per token.
