@@ -215,9 +215,8 @@ def batched_attention(
 
 
 def _rows_path(q: Tensor, transport: str, chunks, wire_dtype, return_lse: bool) -> bool:
-    """Whether the pack reads the ``[rows, B, H, D]`` views itself (CUDA, NCCL, one chunk, no fp8 wire, no lse, a
-    dtype usp_merge_heads takes);
-    elsewhere ``B > 1`` rows are regrouped on the sender (one copy, with any padding)."""
+    """Whether the pack reads the ``[rows, B, H, D]`` views itself: CUDA, NCCL, one chunk, no fp8 wire, no lse, a
+    dtype usp_merge_heads takes. Elsewhere ``B > 1`` rows are regrouped on the sender (one copy, with any padding)."""
     one_chunk = chunks == 1 or (chunks == "auto" and AUTO_CHUNKS == 1)
     plain = wire_dtype is None and not return_lse and q.dtype in _MERGE_DTYPES
     return q.is_cuda and transport == "nccl" and one_chunk and plain
