@@ -50,13 +50,28 @@ def _key_padding_mask(attn_mask: Optional[torch.Tensor], query: torch.Tensor):
     return mask if mask.dim() == 2 and mask.shape == query.shape[:2] else False
 
 
-def enable_ulysses(allow_untested: bool = False) -> None:
-    """Route diffusers' native Ulysses attention through attnprep (idempotent)."""
+def _require_tested(allow_untested: bool, call: str) -> None:
     if _version() not in TESTED and not allow_untested:
         raise RuntimeError(
             f"attnprep.integrations.diffusers: tested with diffusers {', '.join('%d.%d' % v for v in TESTED)}, "
-            f"found {'.'.join(map(str, _version()))} (enable_ulysses(allow_untested=True) to try it)"
+            f"found {'.'.join(map(str, _version()))} ({call}(allow_untested=True) to try it)"
         )
+
+
+def fuse_send_side(model: torch.nn.Module, group=None, allow_untested: bool = False) -> int:
+    """Give ``model``'s Wan and Flux attention modules processors whose Ulysses send side is attnprep's (the QK
+    norm and RoPE as the layer's ``prologue``, one qk_norm_rope pass); returns how many modules got one.
+    ``group``: the Ulysses group where diffusers' context parallelism does not name one (default: its ulysses
+    mesh)."""
+    _require_tested(allow_untested, "fuse_send_side")
+    from . import diffusers_send
+
+    return diffusers_send.install(model, group)
+
+
+def enable_ulysses(allow_untested: bool = False) -> None:
+    """Route diffusers' native Ulysses attention through attnprep (idempotent)."""
+    _require_tested(allow_untested, "enable_ulysses")
     from diffusers.models import attention_dispatch as ad
 
     registry, name = ad._AttentionBackendRegistry, ad.AttentionBackendName.NATIVE

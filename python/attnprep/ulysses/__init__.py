@@ -39,6 +39,8 @@ from .agreement import (
     LSE_NEEDS_ATTN_FN,
     LSE_NEEDS_ONE_CHUNK,
     MASK_NEEDS_BATCH,
+    PROLOGUE_KEYS,
+    PROLOGUE_NEEDS_BATCH,
     VALIDATE_IN_CAPTURE,
 )
 from .batched import sdpa_batched
@@ -54,6 +56,8 @@ __all__ = [
     "LSE_NEEDS_ONE_CHUNK",
     "VALIDATE_IN_CAPTURE",
     "MASK_NEEDS_BATCH",
+    "PROLOGUE_KEYS",
+    "PROLOGUE_NEEDS_BATCH",
     "sdpa_batched",
     "AttnFn",
     "UlyssesAttention",

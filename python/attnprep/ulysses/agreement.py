@@ -186,7 +186,7 @@ def _shown(field: str, x: int):
         return next(t for t, c in _TRANSPORTS.items() if c == x)
     if field == "chunks" and x == _AUTO_FIELD:
         return "auto"
-    if field in ("causal", "key_padding_mask", "return_lse"):
+    if field in ("causal", "key_padding_mask", "return_lse", "prologue"):
         return bool(x)
     return x
 
@@ -243,6 +243,34 @@ def _agree_on(group, fields: Tuple[str, ...], local: Callable[[], list]) -> list
 
 
 MASK_NEEDS_BATCH = "ulysses: key_padding_mask needs batched [batch, rows, heads, head_dim] inputs"
+PROLOGUE_NEEDS_BATCH = "ulysses: prologue needs batched [batch, rows, heads, head_dim] inputs"
+
+# qk_norm_rope's arguments a prologue may hold (inplace and q_scale would change what the layer is handed: not taken)
+PROLOGUE_KEYS = (
+    "positions",
+    "cos_sin_cache",
+    "rope_base",
+    "rotary_dim",
+    "is_neox",
+    "q_norm_weight",
+    "k_norm_weight",
+    "norm_eps",
+    "norm_weight_offset",
+    "mrope_section",
+    "mrope_interleaved",
+)
+
+
+def _prologue_code(prologue) -> int:
+    """A prologue is None or a dict of PROLOGUE_KEYS (its values are qk_norm_rope's to check)."""
+    if prologue is None:
+        return 0
+    if not isinstance(prologue, dict):
+        raise TypeError(f"ulysses: prologue must be a dict or None, got {type(prologue).__name__}")
+    for key in prologue:
+        if key not in PROLOGUE_KEYS:
+            raise TypeError(f"ulysses: prologue takes qk_norm_rope's {', '.join(PROLOGUE_KEYS)}, got {key!r}")
+    return 1
 
 
 def _layer_fields(
@@ -257,6 +285,7 @@ def _layer_fields(
     causal=False,
     key_padding_mask=None,
     return_lse=False,
+    prologue=None,
 ) -> list:
     """The layer's (and scatter_heads') local checks, in order; returns its _FIELDS."""
     _check_local(q, k, v, world)
@@ -267,6 +296,8 @@ def _layer_fields(
     if key_padding_mask is not None:
         raise ValueError(MASK_NEEDS_BATCH)
     lse = _lse_code(return_lse, attn_fn, count, transport)
+    if _prologue_code(prologue):
+        raise ValueError(PROLOGUE_NEEDS_BATCH)
     return [3, q.shape[0], q.shape[1], k.shape[1], q.shape[2], _dtype_code(q.dtype), count, wire, how, attention, lse]
 
 

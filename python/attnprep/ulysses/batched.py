@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import _C
+from ..qk_norm_rope import qk_norm_rope
 from .agreement import (
     AUTO_CHUNKS,
     _causal_code,
@@ -21,6 +22,7 @@ from .agreement import (
     _every_rank,
     _local_chunks,
     _lse_code,
+    _prologue_code,
     _refuse_grad,
     _require_same,
     _transport_code,
@@ -47,6 +49,7 @@ _BATCHED_FIELDS = (
     "transport",
     "causal",
     "return_lse",
+    "prologue",
 )
 
 
@@ -88,7 +91,7 @@ def sdpa_batched(causal: bool = False, scale: Optional[float] = None) -> Batched
 
 
 def _batched_fields(
-    q, k, v, key_padding_mask, world: int, chunks, wire_dtype, transport, attn_fn, causal, return_lse
+    q, k, v, key_padding_mask, world: int, chunks, wire_dtype, transport, attn_fn, causal, return_lse, prologue=None
 ) -> list:
     """The batched layer's local checks, in order; returns its _BATCHED_FIELDS."""
     _C._check_ulysses_batched(q, k, v, key_padding_mask)  # the messages live in src/core, once
@@ -99,6 +102,7 @@ def _batched_fields(
     how = _transport_code(transport, q, wire_dtype)
     attention = _causal_code(attn_fn, causal)
     lse = _lse_code(return_lse, attn_fn, count, transport)
+    rotation = _prologue_code(prologue)
     batch, rows, _, dim = q.shape
     return [4, rows, batch, q.shape[2], k.shape[2], dim, _dtype_code(q.dtype), int(key_padding_mask is not None)] + [
         count,
@@ -106,6 +110,7 @@ def _batched_fields(
         how,
         attention,
         lse,
+        rotation,
     ]
 
 
@@ -154,16 +159,22 @@ def batched_attention(
     layer: Callable,
     return_lse: bool = False,
     rows_layer: Optional[Callable] = None,
+    prologue: Optional[dict] = None,
 ):
     """ulysses_attention on ``[B, S, H, D]`` inputs (``layer``: the three-dimensional one; ``rows_layer``: its
     CUDA NCCL one-chunk path on ``[rows, B, H, D]``, returning ``[B, rows, H, D]``); with return_lse, (out, lse)
-    with lse ``[B, H, S]`` float32 for this rank's rows."""
+    with lse ``[B, H, S]`` float32 for this rank's rows. A prologue (qk_norm_rope's arguments) runs inside the
+    local checks, so that its errors reach every rank through the agreement."""
     world, _ = _world(group)
+    rotated = {}
 
     def local():
-        return _batched_fields(
-            q, k, v, key_padding_mask, world, chunks, wire_dtype, transport, attn_fn, causal, return_lse
+        fields = _batched_fields(
+            q, k, v, key_padding_mask, world, chunks, wire_dtype, transport, attn_fn, causal, return_lse, prologue
         )
+        if prologue is not None:
+            rotated["q"], rotated["k"] = qk_norm_rope(q, k, **prologue)
+        return fields
 
     if validate:
         every = _every_rank(group, _BATCHED_FIELDS, local)
@@ -171,6 +182,8 @@ def batched_attention(
         rows: List[int] = [e[1] for e in every]
     else:
         rows = [local()[1]] * world  # the caller promises that every rank holds as many rows
+    if prologue is not None:
+        q, k = rotated["q"], rotated["k"]
     batch, s, heads, dim = q.shape
     longest = max(rows)
     ph, pkv = padded_heads(heads, k.shape[2], world)

@@ -50,6 +50,7 @@ def ulysses_attention(
     transport: str = "nccl",
     key_padding_mask: Optional[Tensor] = None,
     return_lse: bool = False,
+    prologue: Optional[dict] = None,
 ):
     """Attention over the whole sequence for this rank's shard of it.
 
@@ -99,6 +100,11 @@ def ulysses_attention(
         ``[B, h, S]``), and so does the layer, with the lse of this rank's
         rows and every head, for combining with ring attention; needs an
         ``attn_fn``, ``chunks=1`` and ``transport="nccl"``.
+    prologue : dict, optional
+        Batched inputs only: keyword arguments of :func:`attnprep.qk_norm_rope`
+        (``positions`` among them; not ``inplace`` or ``q_scale``): the layer
+        sends ``qk_norm_rope(q, k, **prologue)`` in place of q and k (its
+        checks run with the layer's, so every rank raises alike; CUDA, MPS).
 
     Returns
     -------
@@ -135,18 +141,31 @@ def ulysses_attention(
             _attention,
             return_lse,
             _attention_rows,
+            prologue,
         )
     return _attention(
-        q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask, return_lse
+        q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask, return_lse, prologue
     )
 
 
 def _attention(
-    q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask=None, return_lse=False
+    q,
+    k,
+    v,
+    group,
+    attn_fn,
+    causal,
+    validate,
+    chunks,
+    wire_dtype,
+    transport,
+    key_padding_mask=None,
+    return_lse=False,
+    prologue=None,
 ):
     """The layer on ``[rows, heads, D]`` inputs."""
     chunks = _checked_chunks(
-        q, k, v, group, validate, chunks, wire_dtype, transport, attn_fn, causal, key_padding_mask, return_lse
+        q, k, v, group, validate, chunks, wire_dtype, transport, attn_fn, causal, key_padding_mask, return_lse, prologue
     )
     if return_lse:  # (checked: an attn_fn, one chunk, NCCL)
         ql, kl, vl = _scatter(q, k, v, group, False, wire_dtype)
@@ -294,7 +313,7 @@ class UlyssesAttention(torch.nn.Module):
         self.group, self.attn_fn, self.causal, self.validate = group, attn_fn, causal, validate
         self.chunks, self.wire_dtype, self.transport, self.return_lse = chunks, wire_dtype, transport, return_lse
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None):
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, prologue=None):
         return ulysses_attention(
             q,
             k,
@@ -308,4 +327,5 @@ class UlyssesAttention(torch.nn.Module):
             self.transport,
             key_padding_mask,
             self.return_lse,
+            prologue,
         )

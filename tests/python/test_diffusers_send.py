@@ -1,0 +1,159 @@
+"""attnprep.integrations.diffusers.fuse_send_side: diffusers' own Wan 2.1 and Flux transformers (tiny, random,
+head_dim 128, batch 2) whose self-attention sends q, k and v through the layer's prologue must equal the same
+model with its own processors; a control whose rotation is the identity must not. On the GPU: one NCCL rank (the
+layer's whole path, the exchange of one). On the CPU: the processors leave every call to the model's own code."""
+
+import pytest
+import torch
+from conftest import nccl_ranks_ok
+
+pytest.importorskip("diffusers")
+
+
+def wan(dtype, device):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=128,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=32,
+        ffn_dim=64,
+        num_layers=2,
+        cross_attn_norm=True,
+        rope_max_seq_len=32,
+    )
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(
+        hidden_states=torch.randn(2, 4, 3, 4, 6, generator=g),
+        encoder_hidden_states=torch.randn(2, 7, 32, generator=g),
+        timestep=torch.tensor([500, 500]),
+        return_dict=False,
+    )
+    return model.eval().to(device=device, dtype=dtype), inputs
+
+
+def flux(dtype, device):
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    model = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=128,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        axes_dims_rope=[16, 56, 56],
+    )
+    g = torch.Generator().manual_seed(1)
+    image, text = 24, 9
+    inputs = dict(
+        hidden_states=torch.randn(2, image, 16, generator=g),
+        encoder_hidden_states=torch.randn(2, text, 32, generator=g),
+        pooled_projections=torch.randn(2, 32, generator=g),
+        timestep=torch.full((2,), 0.5),
+        img_ids=torch.stack([torch.zeros(image), torch.arange(image) // 6, torch.arange(image) % 6], -1),
+        txt_ids=torch.zeros(text, 3),
+        return_dict=False,
+    )
+    return model.eval().to(device=device, dtype=dtype), inputs
+
+
+MODELS = {"wan": (wan, 2), "flux": (flux, 2)}  # the builder, and how many calls take attnprep's send side
+# float32: the QK norm's own summation order against torch's RMSNorm; bfloat16: about two bfloat16 ulp
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def _run(model, inputs, dtype, device):
+    def to_device(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        return v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device)
+
+    cast = {k: to_device(v) for k, v in inputs.items()}
+    with torch.no_grad():
+        return model(**cast)[0].float()
+
+
+def _identity(rows):
+    half = rows.shape[1] // 2
+    return torch.cat([torch.ones_like(rows[:, :half]), torch.zeros_like(rows[:, half:])], dim=1)
+
+
+def _model_body(rank, world, device, cases):
+    import torch.distributed as dist
+    from attnprep.integrations import diffusers as integration
+    from attnprep.integrations import diffusers_send
+
+    layer, given = diffusers_send.ulysses_attention, []
+    diffusers_send.ulysses_attention = lambda *a, **kw: given.append(kw.get("prologue") is not None) or layer(*a, **kw)
+    failures = []
+    for family, dtype, control in cases:
+        make, calls = MODELS[family]
+        model, inputs = make(dtype, device)
+        want = _run(model, inputs, dtype, device)
+        count = integration.fuse_send_side(model, group=dist.group.WORLD)
+        rows = diffusers_send._rows
+        if control:  # cos 1, sin 0: no rotation
+            diffusers_send._rows = lambda cos, sin: _identity(rows(cos, sin))
+        given.clear()
+        try:
+            got = _run(model, inputs, dtype, device)
+        finally:
+            diffusers_send._rows = rows
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        case = f"{family} {dtype} control={control}"
+        if given != [True] * calls:
+            failures.append(f"{case}: the layer's calls with a prologue {given}, expected {calls}")
+        if count != {"wan": 4, "flux": 3}[family]:
+            failures.append(f"{case}: {count} processors replaced")
+        agree = err <= TOLERANCE[dtype]
+        if agree == control:
+            failures.append(f"{case}: relative error {err}")
+    return "; ".join(failures) or "ok"
+
+
+def test_models_with_attnpreps_send_side_nccl():
+    cases = [(f, d, c) for f in MODELS for d in (torch.float32, torch.bfloat16) for c in (False, True)]
+    nccl_ranks_ok(1, _model_body, cases)
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_on_the_cpu_the_model_runs_its_own_code(family):
+    from attnprep.integrations import diffusers as integration
+
+    model, inputs = MODELS[family][0](torch.float32, "cpu")
+    want = _run(model, inputs, torch.float32, "cpu")
+    assert integration.fuse_send_side(model) == {"wan": 4, "flux": 3}[family]
+    assert torch.equal(_run(model, inputs, torch.float32, "cpu"), want)
+
+
+def test_the_example_runs_on_cpu_processes():
+    """examples/diffusers_ulysses.py --cpu: two gloo processes, each within float32 noise of one process."""
+    import pathlib
+    import re
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:  # a free port for the processes' rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    script = pathlib.Path(__file__).parents[2] / "examples" / "diffusers_ulysses.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--cpu", "--world", "2", "--model", "flux", "--heads", "3", "--port", str(port)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    errors = [float(x) for x in re.findall(r"relative error ([0-9.e+-]+)", done.stdout)]
+    assert len(errors) == 2 and max(errors) < 1e-5, done.stdout
