@@ -10,63 +10,25 @@ from conftest import nccl_ranks_ok
 pytest.importorskip("diffusers")
 
 
-def wan(dtype, device):
-    from diffusers import WanTransformer3DModel
+def _builder(family):
+    """The example's tiny model (examples/diffusers_ulysses.py: head_dim 128, batch 2), 2 heads."""
+    import importlib.util
+    import pathlib
 
-    torch.manual_seed(0)
-    model = WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=128,
-        in_channels=4,
-        out_channels=4,
-        text_dim=32,
-        freq_dim=32,
-        ffn_dim=64,
-        num_layers=2,
-        cross_attn_norm=True,
-        rope_max_seq_len=32,
-    )
-    g = torch.Generator().manual_seed(1)
-    inputs = dict(
-        hidden_states=torch.randn(2, 4, 3, 4, 6, generator=g),
-        encoder_hidden_states=torch.randn(2, 7, 32, generator=g),
-        timestep=torch.tensor([500, 500]),
-        return_dict=False,
-    )
-    return model.eval().to(device=device, dtype=dtype), inputs
+    path = pathlib.Path(__file__).parents[2] / "examples" / "diffusers_ulysses.py"
+    spec = importlib.util.spec_from_file_location("diffusers_ulysses_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    def make(dtype, device):
+        model, inputs = example.tiny_model(family, heads=2)
+        return model.to(device=device, dtype=dtype), dict(inputs, return_dict=False)
+
+    return make
 
 
-def flux(dtype, device):
-    from diffusers import FluxTransformer2DModel
-
-    torch.manual_seed(0)
-    model = FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=16,
-        num_layers=1,
-        num_single_layers=2,
-        attention_head_dim=128,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        pooled_projection_dim=32,
-        axes_dims_rope=[16, 56, 56],
-    )
-    g = torch.Generator().manual_seed(1)
-    image, text = 24, 9
-    inputs = dict(
-        hidden_states=torch.randn(2, image, 16, generator=g),
-        encoder_hidden_states=torch.randn(2, text, 32, generator=g),
-        pooled_projections=torch.randn(2, 32, generator=g),
-        timestep=torch.full((2,), 0.5),
-        img_ids=torch.stack([torch.zeros(image), torch.arange(image) // 6, torch.arange(image) % 6], -1),
-        txt_ids=torch.zeros(text, 3),
-        return_dict=False,
-    )
-    return model.eval().to(device=device, dtype=dtype), inputs
-
-
-MODELS = {"wan": (wan, 2), "flux": (flux, 2)}  # the builder, and how many calls take attnprep's send side
+# the builder, and how many calls take attnprep's send side
+MODELS = {"wan": (_builder("wan"), 2), "flux": (_builder("flux"), 2)}
 # float32: the QK norm's own summation order against torch's RMSNorm; bfloat16: about two bfloat16 ulp
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 

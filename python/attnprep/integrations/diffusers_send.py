@@ -34,17 +34,6 @@ def _rows(cos: Tensor, sin: Tensor) -> Tensor:
     return _ROWS[2]
 
 
-def _group(processor):
-    """The Ulysses group: the processor's own, or diffusers' ulysses mesh under its context parallelism (ring
-    degree 1); None where there is none."""
-    if processor.attnprep_group is not None:
-        return processor.attnprep_group
-    config = getattr(processor._parallel_config, "context_parallel_config", None)
-    if config is None or config.ulysses_degree <= 1 or config.ring_degree != 1:
-        return None
-    return config._ulysses_mesh.get_group()
-
-
 def _norm(norm, x: Tensor) -> Optional[tuple]:
     """(weight, eps) of a torch RMSNorm with a weight, or None."""
     if not isinstance(norm, torch.nn.RMSNorm) or norm.weight is None:
@@ -62,17 +51,32 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, group, attn, rows: Tensor) -> Optio
     return ulysses_attention(q, k, v, group=group, attn_fn=sdpa_batched(), prologue=prologue)
 
 
-class WanSendProcessor(wan.WanAttnProcessor):
-    """Wan's processor with attnprep's send side for its self-attention."""
+class _SendSide:
+    """A processor's Ulysses group (``attnprep_group``, else diffusers' ulysses mesh under its context parallelism
+    with ring degree 1) and which calls attnprep takes."""
 
     def __init__(self, group=None):
         super().__init__()
         self.attnprep_group = group
 
+    def _taken(self, hidden_states: Tensor, attention_mask, rotary) -> Optional[object]:
+        """The group for a call attnprep takes (CUDA, no mask, a rotary embedding), else None."""
+        if attention_mask is not None or rotary is None or not hidden_states.is_cuda:
+            return None
+        if self.attnprep_group is not None:
+            return self.attnprep_group
+        config = getattr(self._parallel_config, "context_parallel_config", None)
+        if config is None or config.ulysses_degree <= 1 or config.ring_degree != 1:
+            return None
+        return config._ulysses_mesh.get_group()
+
+
+class WanSendProcessor(_SendSide, wan.WanAttnProcessor):
+    """Wan's processor with attnprep's send side for its self-attention."""
+
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
-        group = _group(self)
-        plain = encoder_hidden_states is None and attention_mask is None and attn.add_k_proj is None
-        if group is not None and plain and rotary_emb is not None and hidden_states.is_cuda:
+        group = self._taken(hidden_states, attention_mask, rotary_emb)
+        if group is not None and encoder_hidden_states is None and attn.add_k_proj is None:
             query, key, value = wan._get_qkv_projections(attn, hidden_states, None)
             q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
             out = _attend(q, k, v, group, attn, _rows(*rotary_emb))
@@ -81,17 +85,12 @@ class WanSendProcessor(wan.WanAttnProcessor):
         return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
 
 
-class FluxSendProcessor(flux.FluxAttnProcessor):
+class FluxSendProcessor(_SendSide, flux.FluxAttnProcessor):
     """Flux's processor with attnprep's send side for its single-stream blocks."""
 
-    def __init__(self, group=None):
-        super().__init__()
-        self.attnprep_group = group
-
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-        group = _group(self)
-        plain = encoder_hidden_states is None and attention_mask is None
-        if group is not None and plain and isinstance(image_rotary_emb, tuple) and hidden_states.is_cuda:
+        group = self._taken(hidden_states, attention_mask, image_rotary_emb)
+        if group is not None and encoder_hidden_states is None and isinstance(image_rotary_emb, tuple):
             query, key, value, *_ = flux._get_qkv_projections(attn, hidden_states, None)
             q, k, v = (t.unflatten(-1, (-1, attn.head_dim)) for t in (query, key, value))
             out = _attend(q, k, v, group, attn, _rows(*image_rotary_emb))
