@@ -17,7 +17,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import run_rank, spawn_ranks
+from conftest import nccl_ranks_ok, run_rank, spawn_ranks
 
 pytest.importorskip("diffusers")
 
@@ -147,36 +147,47 @@ def _local_only(q, k, v, group=None, attn_fn=None, key_padding_mask=None, **kw):
 TOLERANCE = {torch.float32: 1e-6, torch.bfloat16: 1e-2}
 
 
-def _model_body(rank, world, device, family, heads, uneven=False, control=False, dtype=torch.float32):
-    """The model in one process and under diffusers' context parallelism with attnprep's layer: "ok" when they
-    agree within TOLERANCE (the control, attention without the exchange, must not)."""
+def _model_body(rank, world, device, family, heads, uneven=False, control=False, dtype=torch.float32, send_side=False):
+    """The model in one process and under diffusers' context parallelism with attnprep's layer (``send_side``:
+    and fuse_send_side's processors): "ok" when they agree within TOLERANCE (the control, attention without the
+    exchange, must not)."""
     from attnprep.integrations import diffusers as integration
+    from attnprep.integrations import diffusers_send
     from diffusers.hooks import context_parallel
     from diffusers.models._modeling_parallel import ContextParallelConfig
 
-    torch.accelerator.device_count = lambda: 1  # see the module docstring
-    context_parallel._all_gather_anything = _gather_by_padding  # see _gather_by_padding
+    if device.type == "cpu":
+        torch.accelerator.device_count = lambda: 1  # see the module docstring
+        context_parallel._all_gather_anything = _gather_by_padding  # see _gather_by_padding
     make, make_inputs = MODELS[family]
     inputs = lambda: make_inputs(**(UNEVEN[family] if uneven else {}))  # noqa: E731
-    model = make(heads).to(dtype)
+    model = make(heads).to(device=device, dtype=dtype)
 
     def cast(kw):
-        return {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in kw.items()}
+        def one(v):
+            if not isinstance(v, torch.Tensor):
+                return v
+            return v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device)
+
+        return {k: one(v) for k, v in kw.items()}
 
     with torch.no_grad():
         want = model(**cast(inputs()))[0].float()
     calls = []  # whether each call of attnprep's layer had a key mask
     original = integration.ulysses_attention
     layer = _local_only if control else original
-    integration.ulysses_attention = lambda *a, **k: calls.append(k["key_padding_mask"] is not None) or layer(*a, **k)
+    recorded = lambda *a, **k: calls.append(k.get("key_padding_mask") is not None) or layer(*a, **k)  # noqa: E731
+    integration.ulysses_attention = diffusers_send.ulysses_attention = recorded
     integration.enable_ulysses()
     try:
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world, ulysses_anything=uneven))
+        if send_side:
+            integration.fuse_send_side(model)
         with torch.no_grad():
             got = model(**cast(inputs()))[0].float()
     finally:
         integration.disable_ulysses()
-        integration.ulysses_attention = original
+        integration.ulysses_attention = diffusers_send.ulysses_attention = original
     err = ((got - want).abs().max() / want.abs().max()).item()
     if not calls or any(calls) != (family == "qwen_image"):
         return f"attnprep's layer calls, with a key mask or not: {calls}"
@@ -204,6 +215,19 @@ def test_models_with_diffusers_context_parallel_hooks():
     assert got == [(0, "ok"), (1, "ok")], got
     if any(codes):
         warnings.warn(f"a rank exited with {codes} after reporting ok (torch's gloo teardown)")
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_models_on_gpus_nccl(world):
+    """One process per GPU: every model in float32 and bf16, uneven rows and heads, with and without
+    fuse_send_side's processors (on CUDA tensors they hand the norm and RoPE to the layer's prologue). Past 2
+    ranks every sequence goes through diffusers' ulysses_anything sharding (the tiny sequences do not divide)."""
+    u = world > 2
+    cases = [(family, heads, u, False, torch.float32, s) for family in MODELS for heads in (4, 3) for s in (0, 1)]
+    cases += [(family, 3, True, False, torch.float32, True) for family in MODELS]  # uneven rows and heads
+    cases += [(family, 4, u, True, torch.float32, True) for family in MODELS]  # the control
+    cases += [(family, 4, u, False, torch.bfloat16, True) for family in MODELS]
+    nccl_ranks_ok(world, _every_model_body, cases, timeout=600)
 
 
 def test_an_untested_release_is_refused(monkeypatch):
