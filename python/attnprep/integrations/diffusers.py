@@ -58,22 +58,30 @@ def _require_tested(allow_untested: bool, call: str) -> None:
         )
 
 
-def fuse_send_side(model: torch.nn.Module, group=None, allow_untested: bool = False) -> int:
+def fuse_send_side(
+    model: torch.nn.Module, group=None, allow_untested: bool = False, *, transport: str = "nccl", wire_dtype=None
+) -> int:
     """Give ``model``'s Wan and Flux attention modules processors whose Ulysses send side is attnprep's (the QK
     norm and RoPE as the layer's ``prologue``, one qk_norm_rope pass); returns how many modules got one.
     ``group``: the Ulysses group where diffusers' context parallelism does not name one (default: its ulysses
-    mesh)."""
+    mesh); ``transport``, ``wire_dtype``: the layer's."""
     _require_tested(allow_untested, "fuse_send_side")
     from . import diffusers_send
 
-    return diffusers_send.install(model, group)
+    return diffusers_send.install(model, group, dict(transport=transport, wire_dtype=wire_dtype))
 
 
-def enable_ulysses(allow_untested: bool = False) -> None:
-    """Route diffusers' native Ulysses attention through attnprep (idempotent)."""
+# The layer's options for every call enable_ulysses routes (its latest call's).
+_OPTIONS = {"transport": "nccl", "wire_dtype": None}
+
+
+def enable_ulysses(allow_untested: bool = False, *, transport: str = "nccl", wire_dtype=None) -> None:
+    """Route diffusers' native Ulysses attention through attnprep (idempotent; the latest call's ``transport``
+    and ``wire_dtype`` apply, as :func:`attnprep.ulysses.ulysses_attention` takes them)."""
     _require_tested(allow_untested, "enable_ulysses")
     from diffusers.models import attention_dispatch as ad
 
+    _OPTIONS.update(transport=transport, wire_dtype=wire_dtype)
     registry, name = ad._AttentionBackendRegistry, ad.AttentionBackendName.NATIVE
     original = registry._backends[name]
     if getattr(original, "attnprep_original", None) is not None:
@@ -115,9 +123,8 @@ def enable_ulysses(allow_untested: bool = False) -> None:
                 _parallel_config=_parallel_config,
             )
         group = cp._ulysses_mesh.get_group()
-        return ulysses_attention(
-            query, key, value, group=group, attn_fn=sdpa_batched(is_causal, scale), key_padding_mask=mask
-        )
+        attn_fn = sdpa_batched(is_causal, scale)
+        return ulysses_attention(query, key, value, group=group, attn_fn=attn_fn, key_padding_mask=mask, **_OPTIONS)
 
     native.attnprep_original = original
     registry._backends[name] = native

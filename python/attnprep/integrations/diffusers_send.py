@@ -41,23 +41,23 @@ def _norm(norm, x: Tensor) -> Optional[tuple]:
     return norm.weight, torch.finfo(x.dtype).eps if norm.eps is None else norm.eps
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, group, attn, rows: Tensor) -> Optional[Tensor]:
+def _attend(q: Tensor, k: Tensor, v: Tensor, group, attn, rows: Tensor, options: dict) -> Optional[Tensor]:
     """The layer with the module's norm and RoPE as its prologue; None where the module's norms are not RMSNorms
     with weights (the model's processor runs)."""
     nq, nk = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
     if nq is None or nk is None or nq[1] != nk[1]:
         return None
     prologue = dict(cos_sin_cache=rows, is_neox=False, q_norm_weight=nq[0], k_norm_weight=nk[0], norm_eps=nq[1])
-    return ulysses_attention(q, k, v, group=group, attn_fn=sdpa_batched(), prologue=prologue)
+    return ulysses_attention(q, k, v, group=group, attn_fn=sdpa_batched(), prologue=prologue, **options)
 
 
 class _SendSide:
     """A processor's Ulysses group (``attnprep_group``, else diffusers' ulysses mesh under its context parallelism
     with ring degree 1) and which calls attnprep takes."""
 
-    def __init__(self, group=None):
+    def __init__(self, group=None, options: Optional[dict] = None):
         super().__init__()
-        self.attnprep_group = group
+        self.attnprep_group, self.attnprep_options = group, dict(options or {})
 
     def _taken(self, hidden_states: Tensor, attention_mask, rotary) -> Optional[object]:
         """The group for a call attnprep takes (CUDA, no mask, a rotary embedding), else None."""
@@ -79,7 +79,7 @@ class WanSendProcessor(_SendSide, wan.WanAttnProcessor):
         if group is not None and encoder_hidden_states is None and attn.add_k_proj is None:
             query, key, value = wan._get_qkv_projections(attn, hidden_states, None)
             q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-            out = _attend(q, k, v, group, attn, _rows(*rotary_emb))
+            out = _attend(q, k, v, group, attn, _rows(*rotary_emb), self.attnprep_options)
             if out is not None:
                 return attn.to_out[1](attn.to_out[0](out.flatten(2, 3).type_as(query)))
         return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
@@ -93,7 +93,7 @@ class FluxSendProcessor(_SendSide, flux.FluxAttnProcessor):
         if group is not None and encoder_hidden_states is None and isinstance(image_rotary_emb, tuple):
             query, key, value, *_ = flux._get_qkv_projections(attn, hidden_states, None)
             q, k, v = (t.unflatten(-1, (-1, attn.head_dim)) for t in (query, key, value))
-            out = _attend(q, k, v, group, attn, _rows(*image_rotary_emb))
+            out = _attend(q, k, v, group, attn, _rows(*image_rotary_emb), self.attnprep_options)
             if out is not None:
                 return out.flatten(2, 3).to(query.dtype)
         return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
@@ -102,7 +102,7 @@ class FluxSendProcessor(_SendSide, flux.FluxAttnProcessor):
 PROCESSORS = {wan.WanAttnProcessor: WanSendProcessor, flux.FluxAttnProcessor: FluxSendProcessor}
 
 
-def install(model: torch.nn.Module, group=None) -> int:
+def install(model: torch.nn.Module, group=None, options: Optional[dict] = None) -> int:
     """Each attention module of ``model`` whose processor is exactly Wan's or Flux's gets attnprep's (its
     backend and parallel config kept); returns how many."""
     count = 0
@@ -111,7 +111,7 @@ def install(model: torch.nn.Module, group=None) -> int:
         cls = PROCESSORS.get(type(processor))
         if cls is None:
             continue
-        fused = cls(group)
+        fused = cls(group, options)
         fused._attention_backend, fused._parallel_config = processor._attention_backend, processor._parallel_config
         module.set_processor(fused)
         count += 1
