@@ -150,7 +150,17 @@ WIRE_TOLERANCE = 1e-2
 
 
 def _model_body(
-    rank, world, device, family, heads, uneven=False, control=False, dtype=torch.float32, send_side=False, wire=None
+    rank,
+    world,
+    device,
+    family,
+    heads,
+    uneven=False,
+    control=False,
+    dtype=torch.float32,
+    send_side=False,
+    wire=None,
+    transport="nccl",
 ):
     """The model in one process and under diffusers' context parallelism with attnprep's layer (``send_side``:
     and fuse_send_side's processors): "ok" when they agree within TOLERANCE (the control, attention without the
@@ -182,11 +192,11 @@ def _model_body(
     layer = _local_only if control else original
     recorded = lambda *a, **k: calls.append(k.get("key_padding_mask") is not None) or layer(*a, **k)  # noqa: E731
     integration.ulysses_attention = diffusers_send.ulysses_attention = recorded
-    integration.enable_ulysses(wire_dtype=wire)
+    integration.enable_ulysses(wire_dtype=wire, transport=transport)
     try:
         model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world, ulysses_anything=uneven))
         if send_side:
-            integration.fuse_send_side(model, wire_dtype=wire)
+            integration.fuse_send_side(model, wire_dtype=wire, transport=transport)
         with torch.no_grad():
             got = model(**cast(inputs()))[0].float()
     finally:
@@ -233,6 +243,7 @@ def test_models_on_gpus_nccl(world):
     cases += [(family, 4, u, True, torch.float32, True) for family in MODELS]  # the control
     cases += [(family, 4, u, False, torch.bfloat16, True) for family in MODELS]
     cases += [(family, 4, u, False, torch.bfloat16, True, torch.float8_e4m3fn) for family in MODELS]
+    cases += [(family, 3, u, False, torch.bfloat16, True, None, "copy_engine") for family in MODELS]
     nccl_ranks_ok(world, _every_model_body, cases, timeout=600)
 
 
