@@ -4,8 +4,8 @@ process.
 diffusers' own context parallelism shards the model's inputs and gathers its output
 (``model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=W))``); attnprep runs the attention:
 ``enable_ulysses()`` routes diffusers' Ulysses attention through ``attnprep.ulysses.ulysses_attention`` (one
-exchange each way, any head count, uneven rows), and ``fuse_send_side(model)`` gives Wan's and Flux's
-self-attention one qk_norm_rope pass for the QK norm and RoPE on the CUDA send side. Tiny random models by default (no
+exchange each way, any head count, uneven rows), and ``fuse_send_side(model)`` gives the attention of Wan, Flux and
+Qwen-Image one pass for the QK norm, RoPE and the pack on the CUDA send side. Tiny random models by default (no
 download); every rank prints the largest difference from the one-process output, relative to its largest value.
 
     torchrun --nproc-per-node 2 examples/diffusers_ulysses.py                  # NCCL, one GPU per rank
@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 
 def tiny_model(name: str, heads: int):
     """A small random diffusers transformer (head_dim 128) and its inputs, batch 2."""
-    from diffusers import FluxTransformer2DModel, WanTransformer3DModel
+    from diffusers import FluxTransformer2DModel, QwenImageTransformer2DModel, WanTransformer3DModel
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
@@ -37,6 +37,20 @@ def tiny_model(name: str, heads: int):
             hidden_states=torch.randn(2, 4, 4, 8, 8, generator=g),  # 4 frames of 4 x 4 patches: 64 tokens
             encoder_hidden_states=torch.randn(2, 16, 32, generator=g),
             timestep=torch.tensor([500, 500]),
+        )
+    elif name == "qwen_image":
+        model = QwenImageTransformer2DModel(
+            patch_size=1, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=128,
+            num_attention_heads=heads, joint_attention_dim=32, axes_dims_rope=(16, 56, 56),
+        )  # fmt: skip
+        mask = torch.ones(2, 16, dtype=torch.long)
+        mask[1, 11:] = 0  # the second prompt: 11 tokens of 16
+        inputs = dict(
+            hidden_states=torch.randn(2, 64, 16, generator=g),  # one frame of 8 x 8 patches
+            encoder_hidden_states=torch.randn(2, 16, 32, generator=g),
+            encoder_hidden_states_mask=mask,
+            timestep=torch.full((2,), 0.5),
+            img_shapes=[(1, 8, 8)] * 2,
         )
     else:
         model = FluxTransformer2DModel(
@@ -55,6 +69,13 @@ def tiny_model(name: str, heads: int):
     return model.eval(), inputs
 
 
+def _to(value, device, dtype):
+    """A tensor input on the device, floating ones in dtype; other inputs as they are."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
+
+
 def run(rank: int, world: int, args) -> None:
     from attnprep.integrations import diffusers as integration
     from diffusers.models._modeling_parallel import ContextParallelConfig
@@ -68,7 +89,7 @@ def run(rank: int, world: int, args) -> None:
     dtype = torch.float32 if args.cpu else torch.bfloat16
     model, inputs = tiny_model(args.model, args.heads)
     model = model.to(device=device, dtype=dtype)
-    inputs = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in inputs.items()}
+    inputs = {k: _to(v, device, dtype) for k, v in inputs.items()}
     with torch.no_grad():
         want = model(**inputs, return_dict=False)[0].float()
         integration.enable_ulysses()
@@ -89,7 +110,7 @@ def _spawned(rank: int, world: int, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["wan", "flux"], default="wan")
+    parser.add_argument("--model", choices=["wan", "flux", "qwen_image"], default="wan")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--cpu", action="store_true", help="gloo processes on the CPU (spawned here)")
     parser.add_argument("--world", type=int, default=2, help="with --cpu: how many processes")

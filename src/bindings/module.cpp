@@ -15,6 +15,7 @@ void init_mla_rope_pool(nb::module_& m);
 void init_wire(nb::module_& m);
 void init_peer(nb::module_& m);
 void init_tensor_import(nb::module_& m);
+void init_ulysses_send(nb::module_& m);
 }  // namespace attnprep::bindings
 
 namespace {
@@ -56,4 +57,5 @@ NB_MODULE(_C, m) {
   attnprep::bindings::init_wire(m);
   attnprep::bindings::init_peer(m);
   attnprep::bindings::init_tensor_import(m);
+  attnprep::bindings::init_ulysses_send(m);
 }

@@ -3,6 +3,7 @@
 // heads * head_dim padded with zeros), then every element is normalized and weighted as the per-head norm is.
 #include "cuda/token_rms_norm.h"
 
+#include "cuda/block_sum.cuh"
 #include "cuda/elements.cuh"
 #include "cuda/launch.h"
 #include "cuda/rcp_sqrt.cuh"
@@ -162,23 +163,8 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) warp_sums[r][warp] = s;
   }
   __syncthreads();
-  float sum[kVectorRounds];
-#pragma unroll
-  for (int r = 0; r < kVectorRounds; ++r) {
-    float w[kWarps];
-#pragma unroll
-    for (int i = 0; i < kWarps; ++i) w[i] = r < rounds ? warp_sums[r][i] : 0.f;
-#pragma unroll
-    for (int step = 1; step < kWarps; step *= 2)
-#pragma unroll
-      for (int i = 0; i < kWarps; i += 2 * step) w[i] = __fadd_rn(w[i], w[i + step]);
-    sum[r] = w[0];
-  }
-#pragma unroll
-  for (int step = 1; step < kVectorRounds; step *= 2)
-#pragma unroll
-    for (int r = 0; r < kVectorRounds; r += 2 * step) sum[r] = __fadd_rn(sum[r], sum[r + step]);
-  const float inv = rcp_sqrt_rn(__fadd_rn(__fdiv_rn(sum[0], static_cast<float>(n)), p.eps));
+  const float sum = block_pairwise_total<kVectorRounds, kWarps>(warp_sums, rounds);
+  const float inv = rcp_sqrt_rn(__fadd_rn(__fdiv_rn(sum, static_cast<float>(n)), p.eps));
   let_next_kernel_start();
 #pragma unroll
   for (int r = 0; r < kVectorRounds; ++r) {

@@ -1,11 +1,10 @@
 #include "cuda/wire.h"
 
-#include <cuda_fp8.h>
-
 #include <cstdint>
 #include <type_traits>
 
 #include "cuda/elements.cuh"
+#include "cuda/fp8_wire.cuh"
 #include "cuda/launch.h"
 
 namespace attnprep::cuda {
@@ -17,18 +16,14 @@ using core::WireFormat;
 using core::WirePlan;
 using elements::from_float;
 using elements::to_float;
+using fp8_wire::block_scale;
+using fp8_wire::kInterp;
+using fp8_wire::nan_max;
+using fp8_wire::to_fp8x2;
 
 constexpr int kThreads = WireCudaPolicy::threads;
 constexpr int kUnits = WireCudaPolicy::units_per_thread;
 constexpr int kSpan = WireCudaPolicy::vectors_per_unit;
-
-template <WireFormat F>
-constexpr __nv_fp8_interpretation_t kInterp = F == WireFormat::E4M3FN ? __NV_E4M3 : __NV_E5M2;
-template <WireFormat F>
-constexpr float kFormatMax = F == WireFormat::E4M3FN ? 448.f : 57344.f;
-
-// max(|a|, |b|) that keeps a NaN, as torch's amax does (fmaxf drops it).
-__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
 
 // A unit: kSpan adjacent 16-byte vectors of one block, kN = kSpan * 16 /
 // sizeof(T) values, and their kN fp8 bytes as one aligned access.
@@ -56,16 +51,12 @@ __device__ __forceinline__ void quantize_unit(const Unit& raw, bool has, unsigne
   // every lane of the warp shuffles, with or without a unit.
   for (unsigned o = lanes / 2; o > 0; o /= 2) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   if (!has) return;
-  // docs/contract.md: scale = amax / fmax, values x * (fmax / amax); both 1
-  // when the scale is not positive (zero or NaN) or the inverse overflows.
-  float scale = __fdiv_rn(amax, kFormatMax<F>), inv = __fdiv_rn(kFormatMax<F>, amax);
-  if (!(scale > 0.f) || !isfinite(inv)) scale = inv = 1.f;
+  float scale, inv;
+  block_scale<F>(amax, scale, inv);
   Fp8Pack<N> packed;
   uint16_t* pairs = reinterpret_cast<uint16_t*>(&packed);
 #pragma unroll
-  for (int i = 0; i < N; i += 2)
-    pairs[i / 2] = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[i], inv), __fmul_rn(f[i + 1], inv)), __NV_SATFINITE,
-                                            kInterp<F>);
+  for (int i = 0; i < N; i += 2) pairs[i / 2] = to_fp8x2<F>(f[i], f[i + 1], inv);
   int64_t value, scale_at, slot;
   core::wire_offsets(m, plain, value, scale_at, slot);
   *reinterpret_cast<Fp8Pack<N>*>(m.wire + value) = packed;

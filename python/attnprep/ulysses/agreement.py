@@ -262,14 +262,15 @@ PROLOGUE_KEYS = (
 
 
 def _prologue_code(prologue) -> int:
-    """A prologue is None or a dict of PROLOGUE_KEYS (its values are qk_norm_rope's to check)."""
+    """A prologue is None or a dict of PROLOGUE_KEYS and text_norm (the values are checked where they are used)."""
     if prologue is None:
         return 0
     if not isinstance(prologue, dict):
         raise TypeError(f"ulysses: prologue must be a dict or None, got {type(prologue).__name__}")
     for key in prologue:
-        if key not in PROLOGUE_KEYS:
-            raise TypeError(f"ulysses: prologue takes qk_norm_rope's {', '.join(PROLOGUE_KEYS)}, got {key!r}")
+        if key not in PROLOGUE_KEYS and key != "text_norm":
+            keys = ", ".join(PROLOGUE_KEYS)
+            raise TypeError(f"ulysses: prologue takes qk_norm_rope's {keys} and text_norm, got {key!r}")
     return 1
 
 

@@ -14,7 +14,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import _C
-from ..qk_norm_rope import qk_norm_rope
 from .agreement import (
     AUTO_CHUNKS,
     _causal_code,
@@ -30,6 +29,7 @@ from .agreement import (
     _world,
 )
 from .exchange import _MERGE_DTYPES
+from .prologue import send_side
 
 Tensor = torch.Tensor
 BatchedAttnFn = Callable[[Tensor, Tensor, Tensor, Optional[Tensor]], Tensor]
@@ -160,20 +160,26 @@ def batched_attention(
     return_lse: bool = False,
     rows_layer: Optional[Callable] = None,
     prologue: Optional[dict] = None,
+    sent_layer: Optional[Callable] = None,
 ):
     """ulysses_attention on ``[B, S, H, D]`` inputs (``layer``: the three-dimensional one; ``rows_layer``: its
-    CUDA NCCL one-chunk path on ``[rows, B, H, D]``, returning ``[B, rows, H, D]``); with return_lse, (out, lse)
-    with lse ``[B, H, S]`` float32 for this rank's rows. A prologue (qk_norm_rope's arguments) runs inside the
-    local checks, so that its errors reach every rank through the agreement."""
+    CUDA NCCL one-chunk path on ``[rows, B, H, D]``, returning ``[B, rows, H, D]``; ``sent_layer``: its path from
+    fp8 wire rows packed here); with return_lse, (out, lse) with lse ``[B, H, S]`` float32 for this rank's rows. A
+    prologue runs inside the local checks, so that its errors reach every rank through the agreement."""
     world, _ = _world(group)
-    rotated = {}
+    sent = {}
 
     def local():
         fields = _batched_fields(
             q, k, v, key_padding_mask, world, chunks, wire_dtype, transport, attn_fn, causal, return_lse, prologue
         )
         if prologue is not None:
-            rotated["q"], rotated["k"] = qk_norm_rope(q, k, **prologue)
+            unpadded = padded_heads(q.shape[2], k.shape[2], world) == (q.shape[2], k.shape[2])
+            if wire_dtype is None:
+                fused = rows_layer is not None and _rows_path(q, transport, chunks, wire_dtype, return_lse)
+            else:
+                fused = sent_layer is not None and _rows_path(q, transport, chunks, None, False)
+            sent["q"], sent["k"], sent["send"] = send_side(q, k, v, prologue, world, unpadded and fused, wire_dtype)
         return fields
 
     if validate:
@@ -182,8 +188,9 @@ def batched_attention(
         rows: List[int] = [e[1] for e in every]
     else:
         rows = [local()[1]] * world  # the caller promises that every rank holds as many rows
+    send = sent.get("send")
     if prologue is not None:
-        q, k = rotated["q"], rotated["k"]
+        q, k = sent["q"], sent["k"]
     batch, s, heads, dim = q.shape
     longest = max(rows)
     ph, pkv = padded_heads(heads, k.shape[2], world)
@@ -214,12 +221,23 @@ def batched_attention(
             return out, lse  # likewise
         return out, lse.view(batch, h, world, longest).permute(1, 2, 3, 0).reshape(h, -1)
 
-    expand = heads // k.shape[2] if pkv != k.shape[2] else 1
-    q4, k4, v4 = _fold(q, longest, ph), _fold(k, longest, pkv, expand), _fold(v, longest, pkv, expand)
-    if rows_layer is not None and _rows_path(q, transport, chunks, wire_dtype, return_lse):
-        return rows_layer(q4, k4, v4, group, whole_sequences)[:, :s, :heads]
-    q3, k3, v3 = (t.reshape(longest * batch, t.shape[2], dim) for t in (q4, k4, v4))
-    got = layer(q3, k3, v3, group, whole_sequences, causal, False, chunks, wire_dtype, transport, None, return_lse)
+    if send is not None:  # the prologue's fused pass packed q, k and v: [world, s, batch, row]
+        if longest > s:  # zero rows (a zero wire row dequantizes to zeros)
+            padded = send.new_zeros(world, longest, batch, send.shape[3])
+            padded[:, :s] = send
+            send = padded
+        if wire_dtype is None:
+            t = (x.transpose(0, 1) for x in (q, k, v))
+            return rows_layer(*t, group, whole_sequences, send)[:, :s, :heads]
+        sent_rows = send.view(world, longest * batch, send.shape[3])
+        got = sent_layer(sent_rows, heads, k.shape[2], dim, q.dtype, group, whole_sequences, wire_dtype, return_lse)
+    else:
+        expand = heads // k.shape[2] if pkv != k.shape[2] else 1
+        q4, k4, v4 = _fold(q, longest, ph), _fold(k, longest, pkv, expand), _fold(v, longest, pkv, expand)
+        if rows_layer is not None and _rows_path(q, transport, chunks, wire_dtype, return_lse):
+            return rows_layer(q4, k4, v4, group, whole_sequences)[:, :s, :heads]
+        q3, k3, v3 = (t.reshape(longest * batch, t.shape[2], dim) for t in (q4, k4, v4))
+        got = layer(q3, k3, v3, group, whole_sequences, causal, False, chunks, wire_dtype, transport, None, return_lse)
     out = got[0] if return_lse else got
     out = out.view(longest, batch, ph, dim).transpose(0, 1)[:, :s, :heads]
     if not return_lse:

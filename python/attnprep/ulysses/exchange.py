@@ -164,13 +164,24 @@ def _scatter(q: Tensor, k: Tensor, v: Tensor, group, async_op: bool, wire_dtype)
     else:
         work, recv = _exchange(_pack_wire(q, k, v, world, wire_dtype), group, world, async_op)
         shape, n = _send_layout(q, k, world)
-
-        def finish():
-            plain = torch.empty(shape, dtype=q.dtype, device=q.device)
-            _dequantize_into(recv, plain.view(world, shape[1], n, dim), wire_dtype)
-            return _unpack(plain, heads, kv, dim, world)
-
+        finish = lambda: _received_wire(recv, shape, n, heads, kv, dim, q.dtype, wire_dtype)  # noqa: E731
     return _Pending(work, finish) if async_op else finish()
+
+
+def _received_wire(recv: Tensor, shape, n: int, heads: int, kv: int, dim: int, dtype, wire_dtype):
+    """The received wire rows dequantized into a plain buffer of ``shape`` (``n`` blocks a row): q, k, v views."""
+    plain = torch.empty(shape, dtype=dtype, device=recv.device)
+    _dequantize_into(recv, plain.view(shape[0], shape[1], n, dim), wire_dtype)
+    return _unpack(plain, heads, kv, dim, shape[0])
+
+
+def _scatter_sent(sent: Tensor, heads: int, kv: int, dim: int, dtype, group, wire_dtype):
+    """The exchange of wire rows ``[W, rows, row_bytes]`` packed elsewhere in the grouped layout (the batched
+    layer's fused prologue): q, k, v of this rank's heads, views of one plain buffer."""
+    world, _ = _world(group)
+    n = heads // world + 2 * (kv // world if kv >= world else 1)
+    _, recv = _exchange(sent, group, world, False)
+    return _received_wire(recv, (world, sent.shape[1], n * dim), n, heads, kv, dim, dtype, wire_dtype)
 
 
 def gather_heads(out: Tensor, group=None, async_op: bool = False, wire_dtype=None, validate: bool = True):

@@ -14,7 +14,7 @@ from .. import _C, _peer
 from ..usp_merge_heads import usp_merge_heads
 from .agreement import _AUTO_FIELD, AUTO_CHUNKS, _checked_chunks, _plan, _world
 from .batched import batched_attention
-from .exchange import _exchange, _pack_torch, _scatter, _unit_head_dim, _unpack, gather_heads
+from .exchange import _exchange, _pack_torch, _scatter, _scatter_sent, _unit_head_dim, _unpack, gather_heads
 
 Tensor = torch.Tensor
 AttnFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -103,8 +103,8 @@ def ulysses_attention(
     prologue : dict, optional
         Batched inputs only: keyword arguments of :func:`attnprep.qk_norm_rope`
         (``positions`` among them; not ``inplace`` or ``q_scale``): the layer
-        sends ``qk_norm_rope(q, k, **prologue)`` in place of q and k (its
-        checks run with the layer's, so every rank raises alike; CUDA, MPS).
+        sends ``qk_norm_rope(q, k, **prologue)`` in place of q and k, normed,
+        rotated and packed by one kernel where it can (CUDA).
 
     Returns
     -------
@@ -142,6 +142,7 @@ def ulysses_attention(
             return_lse,
             _attention_rows,
             prologue,
+            _attention_sent,
         )
     return _attention(
         q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask, return_lse, prologue
@@ -178,17 +179,30 @@ def _attention(
     return _chunked_attention(q, k, v, group, attn, chunks, transport)
 
 
-def _attention_rows(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn) -> Tensor:
+def _attention_rows(q: Tensor, k: Tensor, v: Tensor, group, attn: AttnFn, send: Optional[Tensor] = None) -> Tensor:
     """The batched layer's CUDA NCCL one-chunk path (checked by it): ``[rows, B, H, D]`` views packed as they lie
-    (rows (s, b)), ``attn`` on the receive buffer's views, and the way back merged straight into ``[B, rows, H,
-    D]``."""
+    (rows (s, b)), or the prologue's ``send`` ``[world, rows, B, n * D]`` (its rows may outnumber q's: padded),
+    ``attn`` on the receive buffer's views, and the way back merged straight into ``[B, rows, H, D]``."""
     world, _ = _world(group)
-    rows, batch, heads, dim = q.shape
-    q, k, v = _unit_head_dim(q, k, v)
-    _, recv = _exchange(_C._pack_qkv_gqa(q, k, v, world, 1)[0], group, world, False)
+    _, batch, heads, dim = q.shape
+    if send is None:
+        q, k, v = _unit_head_dim(q, k, v)
+        send = _C._pack_qkv_gqa(q, k, v, world, 1)[0]
+    rows = send[0].numel() // (batch * send.shape[-1])
+    _, recv = _exchange(send.view(world, rows * batch, send.shape[-1]), group, world, False)
     o = _checked(attn)(*_unpack(recv, heads, k.shape[2], dim, world))
     _, back = _exchange(o.view(world, rows * batch, heads // world, dim).contiguous(), group, world, False)
     return usp_merge_heads(back.view(world, rows, batch, heads // world, dim)).view(batch, rows, heads, dim)
+
+
+def _attention_sent(sent: Tensor, heads: int, kv: int, dim: int, dtype, group, attn, wire_dtype, return_lse: bool):
+    """The three-dimensional layer's NCCL one-chunk path from fp8 wire rows ``[W, rows, row_bytes]`` that the
+    batched layer's fused prologue packed (checked by it): as _attention from its exchange on."""
+    ql, kl, vl = _scatter_sent(sent, heads, kv, dim, dtype, group, wire_dtype)
+    if return_lse:
+        o, lse = _checked_lse(attn)(ql, kl, vl)
+        return gather_heads(o, group, wire_dtype=wire_dtype, validate=False), _lse_to_rows(lse, group)
+    return gather_heads(_checked(attn)(ql, kl, vl), group, wire_dtype=wire_dtype, validate=False)
 
 
 def _checked_lse(attn: Callable):

@@ -1,0 +1,35 @@
+// The fp8 wire format's arithmetic (docs/contract.md), shared by the wire kernels and the fused send side: a block's
+// scale from its largest magnitude, and its values scaled and rounded to fp8 two at a time.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "core/wire.h"
+
+namespace attnprep::cuda::fp8_wire {
+
+template <core::WireFormat F>
+constexpr __nv_fp8_interpretation_t kInterp = F == core::WireFormat::E4M3FN ? __NV_E4M3 : __NV_E5M2;
+template <core::WireFormat F>
+constexpr float kFormatMax = F == core::WireFormat::E4M3FN ? 448.f : 57344.f;
+
+// max(|a|, |b|) that keeps a NaN, as torch's amax does (fmaxf drops it).
+__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
+
+// scale = amax / fmax, values x * (fmax / amax); both 1 when the scale is not positive (zero or NaN) or the
+// inverse overflows.
+template <core::WireFormat F>
+__device__ __forceinline__ void block_scale(float amax, float& scale, float& inv) {
+  scale = __fdiv_rn(amax, kFormatMax<F>);
+  inv = __fdiv_rn(kFormatMax<F>, amax);
+  if (!(scale > 0.f) || !isfinite(inv)) scale = inv = 1.f;
+}
+
+template <core::WireFormat F>
+__device__ __forceinline__ uint16_t to_fp8x2(float a, float b, float inv) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(a, inv), __fmul_rn(b, inv)), __NV_SATFINITE, kInterp<F>);
+}
+
+}  // namespace attnprep::cuda::fp8_wire

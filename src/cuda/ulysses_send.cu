@@ -1,0 +1,248 @@
+// The Ulysses send side in one pass: a block per send row (s, b). The row's q and k groups (16 bytes each) sit
+// in registers, a round of the block's threads at a time; the norm's pairwise sum runs over groups, lanes, warps and
+// rounds (per token) or over a head's lanes (per head); RoPE reads the row's cos/sin; every group is written once
+// (a replicated kv head once per destination that takes it), v streamed through.
+#include "cuda/ulysses_send.h"
+
+#include <cstdint>
+
+#include "cuda/block_sum.cuh"
+#include "cuda/fp8_wire.cuh"
+#include "cuda/launch.h"
+#include "cuda/rcp_sqrt.cuh"
+#include "cuda/rope_cos_sin.cuh"
+#include "cuda/rope_group.cuh"
+#include "cuda/rope_norm.cuh"
+
+namespace attnprep::cuda {
+namespace {
+
+using core::UlyssesSendParams;
+using namespace rope;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRounds = 4;  // a tensor's row of up to 4 * 256 groups (bf16: 8192 values, Wan 2.1-14B's 5120)
+
+struct Row {
+  int64_t s, b;
+};
+
+// The send row of destination d for row (s, b): its index among the buffer's world * S * B rows.
+__device__ __forceinline__ int64_t send_row(const UlyssesSendParams& p, const Row& r, int d) {
+  return (d * p.S + r.s) * p.B + r.b;
+}
+
+// Writes group g of head h (q when is_q, else a kv head at slot offset `kv_slot`: 0 for k, local_kv for v) to each
+// destination that takes it: plain (Wire 0), or as fp8 wire bytes with the head's scale. Every lane of the warp
+// calls it (the head's largest magnitude is a shuffle over its gph lanes); `active` lanes hold a group.
+template <typename T, int G, int Wire>
+__device__ __forceinline__ void put(const UlyssesSendParams& p, void* send, const Row& r, bool is_q, int h, int within,
+                                    int kv_slot, const Group<T, G>& g, bool active) {
+  int d0 = 0, count = 1, slot = 0;
+  if (is_q) {
+    d0 = h / p.local_q, slot = h - d0 * p.local_q;
+  } else if (p.kv_heads >= p.world) {
+    d0 = h / p.local_kv, slot = p.local_q + kv_slot + h - d0 * p.local_kv;
+  } else {  // kv head h goes to every destination of its replicas
+    count = p.world / p.kv_heads, d0 = h * count, slot = p.local_q + kv_slot;
+  }
+  if constexpr (Wire == 0) {
+    if (!active) return;
+    for (int d = d0; d < d0 + count; ++d)
+      g.store(static_cast<T*>(send) + (send_row(p, r, d) * p.n + slot) * p.head_dim + within);
+  } else {
+    constexpr auto F = static_cast<core::WireFormat>(Wire);
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < G; ++i) amax = fp8_wire::nan_max(amax, fabsf(to_float(g.e[i])));
+    for (int off = 1; off < p.head_dim / G; off *= 2)
+      amax = fp8_wire::nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    if (!active) return;
+    float scale, inv;
+    fp8_wire::block_scale<F>(amax, scale, inv);
+    uint32_t words[G / 4];  // the G fp8 bytes, first element lowest
+#pragma unroll
+    for (int i = 0; i < G; i += 4) {
+      const uint32_t lo = fp8_wire::to_fp8x2<F>(to_float(g.e[i]), to_float(g.e[i + 1]), inv);
+      const uint32_t hi = fp8_wire::to_fp8x2<F>(to_float(g.e[i + 2]), to_float(g.e[i + 3]), inv);
+      words[i / 4] = lo | (hi << 16);
+    }
+    for (int d = d0; d < d0 + count; ++d) {
+      unsigned char* row = static_cast<unsigned char*>(send) + send_row(p, r, d) * p.row_bytes;
+      if constexpr (G == 8)
+        *reinterpret_cast<uint2*>(row + slot * p.head_dim + within) = make_uint2(words[0], words[1]);
+      else
+        *reinterpret_cast<uint32_t*>(row + slot * p.head_dim + within) = words[0];
+      if (within == 0) *reinterpret_cast<float*>(row + int64_t{p.n} * p.head_dim + 4 * slot) = scale;
+    }
+  }
+}
+
+// The factor of a norm over `n` elements whose pairwise sum is ss.
+__device__ __forceinline__ float norm_inv(float ss, int n, float eps) {
+  return rcp_sqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps));
+}
+
+// q (or k) of the row: loaded, normalized, rotated, written.
+template <typename T, int G, int Wire>
+__device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const UlyssesSendPointers& ptr, const Row& r,
+                                              bool is_q, const float* cs_row, bool row_ok, float (*sums)[kWarps]) {
+  const T* x = static_cast<const T*>(is_q ? ptr.q : ptr.k);
+  const int64_t sb = is_q ? p.q_b : p.k_b, ss = is_q ? p.q_s : p.k_s, sh = is_q ? p.q_h : p.k_h;
+  const int heads = is_q ? p.heads : p.kv_heads;
+  const int norm = is_q ? p.norm_q : p.norm_k;
+  const void* weight = r.s < p.text_rows ? (is_q ? ptr.q_text_weight : ptr.k_text_weight)
+                                         : (is_q ? ptr.q_norm_weight : ptr.k_norm_weight);
+  const int gph = p.head_dim / G;  // groups per head: a power of two up to 32
+  const int groups = heads * gph;
+  const int rounds = (groups + kThreads - 1) / kThreads;
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) / 32;
+  Group<T, G> g[kRounds];
+#pragma unroll
+  for (int k = 0; k < kRounds; ++k) {
+    const int gi = k * kThreads + static_cast<int>(threadIdx.x);
+    if (k < rounds && gi < groups) {
+      const int h = gi / gph;
+      g[k].load(x + r.b * sb + r.s * ss + h * sh + (gi - h * gph) * G);
+    } else {
+#pragma unroll
+      for (int i = 0; i < G; ++i) g[k].e[i] = from_float<T>(0.f);
+    }
+  }
+  float inv[kRounds];
+#pragma unroll
+  for (int k = 0; k < kRounds; ++k) inv[k] = 1.f;
+  if (norm == core::kSendNormHead) {
+#pragma unroll
+    for (int k = 0; k < kRounds; ++k) {
+      if (k >= rounds) break;
+      float s = group_squares(g[k]);
+      for (int off = 1; off < gph; off *= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
+      inv[k] = norm_inv(s, p.head_dim, p.eps);
+    }
+  } else if (norm == core::kSendNormToken) {
+    const int padded_rounds = max(1, (is_q ? p.padded_q : p.padded_k) / (kThreads * G));
+#pragma unroll
+    for (int k = 0; k < kRounds; ++k) {
+      if (k >= rounds) break;
+      float s = group_squares(g[k]);
+      for (int off = 1; off < 32; off *= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
+      if (lane == 0) sums[k][warp] = s;
+    }
+    __syncthreads();
+    const float total = block_pairwise_total<kRounds, kWarps>(sums, min(rounds, padded_rounds));
+    const float all = norm_inv(total, heads * p.head_dim, p.eps);
+#pragma unroll
+    for (int k = 0; k < kRounds; ++k) inv[k] = all;
+    __syncthreads();  // sums is reused by the next tensor
+  }
+  const int half = p.rotary_dim / 2;
+  const int partner = p.is_neox ? half / G : 0;  // NeoX: lanes apart of a pair's groups (a power of two)
+#pragma unroll
+  for (int k = 0; k < kRounds; ++k) {
+    if (k >= rounds) break;
+    const int gi = k * kThreads + static_cast<int>(threadIdx.x);
+    const bool active = gi < groups;
+    const int h = gi / gph, within = (gi - h * gph) * G;
+    if (norm != core::kSendNoNorm && active) {
+      const int e0 = norm == core::kSendNormHead ? within : h * p.head_dim + within;
+      const auto w = [&](int i) {
+        return p.weight_f32 ? static_cast<const float*>(weight)[e0 + i]
+                            : to_float(static_cast<const T*>(weight)[e0 + i]);
+      };
+      if (p.offset == 0.f)
+        normalize_with<kNormRoundThenWeight>(g[k], w, inv[k]);
+      else
+        normalize_with<kNormOffsetWeight>(g[k], [&](int i) { return __fadd_rn(p.offset, w(i)); }, inv[k]);
+    }
+    if (p.is_neox) {
+      Group<T, G> other;  // the pair's other group, `partner` lanes away (every lane takes part)
+      const uint4 mine = *reinterpret_cast<const uint4*>(g[k].e);
+      uint4 theirs;
+      theirs.x = __shfl_xor_sync(0xffffffffu, mine.x, partner);
+      theirs.y = __shfl_xor_sync(0xffffffffu, mine.y, partner);
+      theirs.z = __shfl_xor_sync(0xffffffffu, mine.z, partner);
+      theirs.w = __shfl_xor_sync(0xffffffffu, mine.w, partner);
+      *reinterpret_cast<uint4*>(other.e) = theirs;
+      if (active && within < p.rotary_dim) {
+        const bool first = within < half;
+        const int f0 = first ? within : within - half;
+#pragma unroll
+        for (int i = 0; i < G; ++i) {
+          const float2 c = row_ok ? make_float2(cs_row[f0 + i], cs_row[half + f0 + i]) : make_float2(NAN, NAN);
+          const float a = to_float(first ? g[k].e[i] : other.e[i]), b = to_float(first ? other.e[i] : g[k].e[i]);
+          g[k].e[i] = from_float<T>(first ? rotate_first(a, b, c) : rotate_second(a, b, c));
+        }
+      }
+    } else if (active && within < p.rotary_dim) {
+#pragma unroll
+      for (int j = 0; j < G / 2; ++j) {
+        const int f = within / 2 + j;
+        const float2 c = row_ok ? make_float2(cs_row[f], cs_row[half + f]) : make_float2(NAN, NAN);
+        const float2 v = g[k].get2(j);
+        g[k].set2(j, rotate_first(v.x, v.y, c), rotate_second(v.x, v.y, c));
+      }
+    }
+    put<T, G, Wire>(p, ptr.send, r, is_q, h, within, 0, g[k], active);
+  }
+}
+
+template <typename T, int Wire>
+__global__ void __launch_bounds__(kThreads)
+    ulysses_send_kernel(const UlyssesSendParams p, const UlyssesSendPointers ptr) {
+  constexpr int G = 16 / sizeof(T);
+  __shared__ float sums[kRounds][kWarps];
+  const int64_t row = blockIdx.x;
+  const Row r{row / p.B, row - (row / p.B) * p.B};
+  wait_for_prior_kernels();
+  // the row's cos/sin
+  int64_t table_row = p.rows_kind == core::kSendRowsShared ? r.s : r.b * p.S + r.s;
+  if (p.rows_kind == core::kSendPositions)
+    table_row = read_index(ptr.positions, r.b * p.pos_b + r.s * p.pos_s, p.positions_int64);
+  const bool row_ok = table_row >= 0 && table_row < p.table_rows;
+  const float* cs_row = ptr.cos_sin + (row_ok ? table_row : 0) * p.table_stride;
+  norm_rope_put<T, G, Wire>(p, ptr, r, true, cs_row, row_ok, sums);
+  norm_rope_put<T, G, Wire>(p, ptr, r, false, cs_row, row_ok, sums);
+  let_next_kernel_start();
+  const int gph = p.head_dim / G, groups = p.kv_heads * gph;
+  const T* v = static_cast<const T*>(ptr.v);
+  for (int base = 0; base < groups; base += kThreads) {  // every lane of a warp in every round (put's shuffles)
+    const int gi = base + static_cast<int>(threadIdx.x);
+    const bool active = gi < groups;
+    const int h = active ? gi / gph : 0, within = active ? (gi - h * gph) * G : 0;
+    Group<T, G> g;
+    if (active)
+      g.load(v + r.b * p.v_b + r.s * p.v_s + h * p.v_h + within);
+    else
+#pragma unroll
+      for (int i = 0; i < G; ++i) g.e[i] = from_float<T>(0.f);
+    put<T, G, Wire>(p, ptr.send, r, false, h, within, p.kv_heads >= p.world ? p.local_kv : 1, g, active);
+  }
+  if (Wire != 0) {  // each destination row's zero padding after its scales
+    const int64_t used = int64_t{p.n} * p.head_dim + 4 * p.n;
+    for (int d = static_cast<int>(threadIdx.x); d < p.world; d += kThreads) {
+      unsigned char* row = static_cast<unsigned char*>(ptr.send) + send_row(p, r, d) * p.row_bytes;
+      for (int64_t at = used; at < p.row_bytes; at += 4) *reinterpret_cast<uint32_t*>(row + at) = 0u;
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t ulysses_send(const core::UlyssesSendParams& p, const UlyssesSendPointers& ptr, core::DType dtype,
+                         cudaStream_t stream) {
+  const int64_t rows = p.S * p.B;
+  if (rows == 0) return cudaSuccess;
+  if (rows >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(rows));
+  return with_element_type(dtype, false, [&](auto element, auto) {
+    using T = decltype(element);
+    if (p.wire == static_cast<int32_t>(core::WireFormat::E4M3FN))
+      return launch_kernel(ulysses_send_kernel<T, 1>, grid, dim3(kThreads), stream, p, ptr);
+    if (p.wire == static_cast<int32_t>(core::WireFormat::E5M2))
+      return launch_kernel(ulysses_send_kernel<T, 2>, grid, dim3(kThreads), stream, p, ptr);
+    return launch_kernel(ulysses_send_kernel<T, 0>, grid, dim3(kThreads), stream, p, ptr);
+  });
+}
+
+}  // namespace attnprep::cuda
