@@ -44,6 +44,15 @@ def capture(call):
     return graph, out
 
 
+def error_text(call) -> str:
+    """What ``call()`` raised as ``"{type}: {message}"`` (ValueError or TypeError), or ``"no error"``."""
+    try:
+        call()
+    except (ValueError, TypeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
 def rope_schema_args(q, k, v, positions, slots, k_pool, v_pool, check_slots=False, **options) -> tuple:
     """rope_pool_fused's arguments as its registered op takes them (torch.ops.attnprep.rope_pool_fused), from the
     tensors and the keyword options given, the rest at their defaults; for opcheck."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attnprep import ulysses
-from conftest import assert_ranks_ok, nccl_ranks_ok, run_rank, spawn_ranks
+from conftest import assert_ranks_ok, error_text, nccl_ranks_ok, run_rank, spawn_ranks
 
 
 def reference(q, k, v, key_mask, causal):
@@ -92,11 +92,7 @@ def _disagreement_body(rank, world, device, what):
         q, k, v = q[0], k[0], v[0]
     if what == "mask shape" and rank == 1:
         mask = torch.ones(2, 4, dtype=torch.bool)
-    try:
-        ulysses.ulysses_attention(q, k, v, key_padding_mask=mask)
-    except (ValueError, TypeError) as e:
-        return f"{type(e).__name__}: {e}"
-    return "no error"
+    return error_text(lambda: ulysses.ulysses_attention(q, k, v, key_padding_mask=mask))
 
 
 @pytest.mark.parametrize(

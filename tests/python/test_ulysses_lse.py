@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from attnprep import ulysses
-from conftest import assert_ranks_ok, run_rank, spawn_ranks
+from conftest import assert_ranks_ok, error_text, run_rank, spawn_ranks
 
 
 def attention_lse(q, k, v, key_mask=None):
@@ -85,11 +85,7 @@ def _refused_body(rank, world, device, what):
         kw = dict(attn_fn=attn_3d)
     if what == "bad attn_fn":
         kw["attn_fn"] = lambda q, k, v: attn_3d(q, k, v)[0]
-    try:
-        ulysses.ulysses_attention(q, k, v, **kw)
-    except (ValueError, TypeError) as e:
-        return f"{type(e).__name__}: {e}"
-    return "no error"
+    return error_text(lambda: ulysses.ulysses_attention(q, k, v, **kw))
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 import torch
 from attnprep import qk_norm_rope, ulysses
 from attnprep.ulysses import prologue as prologue_module
-from conftest import nccl_ranks_ok, run_rank, spawn_ranks
+from conftest import error_text, nccl_ranks_ok, run_rank, spawn_ranks
 
 KEYS = ", ".join(ulysses.PROLOGUE_KEYS) + " and text_norm"
 
@@ -31,11 +31,7 @@ def _errors_body(rank, world, device, case):
         kw = dict(kw, q_norm_weight=w, k_norm_weight=w, text_norm=(6 if rank == 0 else 2, w, w))
     if case == "text needs":
         kw = dict(kw, text_norm=(2, w, w))
-    try:
-        ulysses.ulysses_attention(q, k, v, prologue=kw)
-    except (ValueError, TypeError) as e:
-        return f"{type(e).__name__}: {e}"
-    return "no error"
+    return error_text(lambda: ulysses.ulysses_attention(q, k, v, prologue=kw))
 
 
 @pytest.mark.parametrize(
