@@ -27,6 +27,8 @@ def _errors_body(rank, world, device, case):
     w = torch.ones(16)
     if case == "text form":
         kw = dict(kw, q_norm_weight=w, k_norm_weight=w, text_norm=(w, w))
+    if case == "text weight":  # a weight that is no tensor would leave the text rows unnormalized
+        kw = dict(kw, q_norm_weight=w, k_norm_weight=w, text_norm=(2, w, None))
     if case == "text rows":
         kw = dict(kw, q_norm_weight=w, k_norm_weight=w, text_norm=(6 if rank == 0 else 2, w, w))
     if case == "text needs":
@@ -44,6 +46,7 @@ def _errors_body(rank, world, device, case):
         ("3-D", f"ValueError: ulysses: rank 0: {ulysses.PROLOGUE_NEEDS_BATCH}"),
         ("CPU", "ValueError: ulysses: rank 0: rope_pool_fused expects CUDA or MPS tensors"),
         ("text form", f"TypeError: ulysses: rank 0: {prologue_module.TEXT_NORM_FORM.format('tuple')}"),
+        ("text weight", f"TypeError: ulysses: rank 0: {prologue_module.TEXT_NORM_FORM.format('tuple')}"),
         ("text rows", f"ValueError: ulysses: rank 0: {prologue_module.TEXT_NORM_ROWS.format(5, 6)}"),
         ("text needs", f"ValueError: ulysses: rank 0: {prologue_module.TEXT_NORM_NEEDS}"),
     ],

@@ -32,7 +32,8 @@ def _text_norm(prologue: dict, rows: int) -> Tuple[int, Optional[Tensor], Option
     text = prologue.get("text_norm")
     if text is None:
         return 0, None, None
-    if not (isinstance(text, (tuple, list)) and len(text) == 3 and isinstance(text[0], numbers.Integral)):
+    form = isinstance(text, (tuple, list)) and len(text) == 3 and isinstance(text[0], numbers.Integral)
+    if not (form and isinstance(text[1], Tensor) and isinstance(text[2], Tensor)):
         raise TypeError(TEXT_NORM_FORM.format(type(text).__name__))
     if isinstance(text[0], bool) or not 0 <= text[0] <= rows:
         raise ValueError(TEXT_NORM_ROWS.format(rows, text[0]))
