@@ -126,24 +126,9 @@ def ulysses_attention(
     >>> out = ulysses_attention(q, k, v, causal=True)  # doctest: +SKIP
     """
     if isinstance(q, Tensor) and q.dim() == 4:
-        return batched_attention(
-            q,
-            k,
-            v,
-            key_padding_mask,
-            group,
-            attn_fn,
-            causal,
-            validate,
-            chunks,
-            wire_dtype,
-            transport,
-            _attention,
-            return_lse,
-            _attention_rows,
-            prologue,
-            _attention_sent,
-        )
+        options = (key_padding_mask, group, attn_fn, causal, validate, chunks, wire_dtype, transport)
+        paths = dict(layer=_attention, rows_layer=_attention_rows, sent_layer=_attention_sent)
+        return batched_attention(q, k, v, *options, return_lse=return_lse, prologue=prologue, **paths)
     return _attention(
         q, k, v, group, attn_fn, causal, validate, chunks, wire_dtype, transport, key_padding_mask, return_lse, prologue
     )
