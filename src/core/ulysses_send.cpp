@@ -91,6 +91,11 @@ UlyssesSendParams plan_ulysses_send(const UlyssesSendArgs& a, int64_t out_shape[
               "ulysses_send: text norm weights must match the norm weights' shape, dtype and device, contiguous");
   }
   p.text_rows = a.text_rows;
+  const auto aligned = [](const TensorArg& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+  require(aligned(cs) && cs.stride(0) % 4 == 0 && a.rotary_dim / 2 % 4 == 0 &&
+              (!a.has_q_norm || aligned(a.q_norm_weight)) && (!a.has_k_norm || aligned(a.k_norm_weight)) &&
+              (a.text_rows == 0 || (aligned(a.q_text_weight) && aligned(a.k_text_weight))),
+          "ulysses_send: cos_sin rows, half rows and norm weights must start on 16 bytes");
   const TensorArg& w = a.has_q_norm ? a.q_norm_weight : a.k_norm_weight;
   p.weight_f32 = (a.has_q_norm || a.has_k_norm) && w.dtype == DType::Float32;
   p.padded_q = static_cast<int32_t>(pow2_at_least(p.norm_q == kSendNormToken ? H * D : D));

@@ -193,13 +193,11 @@ __device__ __forceinline__ void normalize_group(Group<T, N>& g, const float* w, 
   normalize_with<kMode>(g, [&](int i) { return wv[i]; }, inv);
 }
 
-// The weights of elements off ... off + N - 1 of a q (or k) head straight from the weight tensor, 16 bytes at a time
-// (alignment checked by the launcher): each warp reads its own from L1, with no block-wide staging or barrier.
-template <int kMode, typename T, int N>
-__device__ __forceinline__ void row_norm_weights(const RopePoolParams& p, const RopePoolPointers& ptr, bool is_k,
-                                                 int off, float (&wv)[N]) {
-  const void* w = is_k ? ptr.k_norm_weight : ptr.q_norm_weight;
-  if (sizeof(T) == 4 || (is_k ? p.k_norm_f32 : p.q_norm_f32)) {
+// Weights off ... off + N - 1 of a weight tensor (float32, or T's) as float32, 16 bytes at a time (alignment checked
+// by the launcher).
+template <typename T, int N>
+__device__ __forceinline__ void weights16(const void* w, bool f32, int off, float (&wv)[N]) {
+  if (sizeof(T) == 4 || f32) {
     static_assert(N % 4 == 0, "16-byte reads");
 #pragma unroll
     for (int i = 0; i < N; i += 4) {
@@ -223,6 +221,14 @@ __device__ __forceinline__ void row_norm_weights(const RopePoolParams& p, const 
       }
     }
   }
+}
+
+// The weights of elements off ... off + N - 1 of a q (or k) head straight from the weight tensor: each warp reads
+// its own from L1, with no block-wide staging or barrier.
+template <int kMode, typename T, int N>
+__device__ __forceinline__ void row_norm_weights(const RopePoolParams& p, const RopePoolPointers& ptr, bool is_k,
+                                                 int off, float (&wv)[N]) {
+  weights16<T>(is_k ? ptr.k_norm_weight : ptr.q_norm_weight, is_k ? p.k_norm_f32 : p.q_norm_f32, off, wv);
   if constexpr (kMode == kNormOffsetWeight) {
 #pragma unroll
     for (int i = 0; i < N; ++i) wv[i] = __fadd_rn(p.norm_offset, wv[i]);

@@ -1,7 +1,8 @@
 // The Ulysses send side in one pass: a block per send row (s, b). The row's q and k groups (16 bytes each) sit
 // in registers, a round of the block's threads at a time; the norm's pairwise sum runs over groups, lanes, warps and
-// rounds (per token) or over a head's lanes (per head); RoPE reads the row's cos/sin; every group is written once
-// (a replicated kv head once per destination that takes it), v streamed through.
+// rounds (per token) or over a head's lanes (per head); a thread holds the same elements of a head in every round, so
+// it reads its cos/sin once per row; every group is written once (a replicated kv head once per destination that
+// takes it), v streamed through.
 #include "cuda/ulysses_send.h"
 
 #include <cstdint>
@@ -21,6 +22,10 @@ using core::UlyssesSendParams;
 using namespace rope;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+// Blocks per SM the registers must allow: 4 (64 registers) for the plain pass; 3 for the fp8 rows (76-78 registers
+// without spills; at 4 they spill).
+template <int Wire>
+constexpr int kMinBlocks = Wire == 0 ? 4 : 3;
 constexpr int kRounds = 4;  // a tensor's row of up to 4 * 256 groups (bf16: 8192 values, Wan 2.1-14B's 5120)
 
 struct Row {
@@ -78,6 +83,18 @@ __device__ __forceinline__ void put(const UlyssesSendParams& p, void* send, cons
   }
 }
 
+// N (cos, sin) pairs of a row's frequencies f ... f + N - 1 (cosines at `at`, sines `half` further; 16-byte loads
+// where N allows, alignment checked by the plan), NaN for a position outside the table.
+template <int N>
+__device__ __forceinline__ void row_cos_sin(const float* at, int half, bool row_ok, float2 (&cs)[N]) {
+  if (row_ok) {
+    float32_cos_sin<N, true>(at, at + half, cs);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) cs[i] = make_float2(NAN, NAN);
+  }
+}
+
 // The factor of a norm over `n` elements whose pairwise sum is ss.
 __device__ __forceinline__ float norm_inv(float ss, int n, float eps) {
   return rcp_sqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps));
@@ -86,7 +103,7 @@ __device__ __forceinline__ float norm_inv(float ss, int n, float eps) {
 // q (or k) of the row: loaded, normalized, rotated, written.
 template <typename T, int G, int Wire>
 __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const UlyssesSendPointers& ptr, const Row& r,
-                                              bool is_q, const float* cs_row, bool row_ok, float (*sums)[kWarps]) {
+                                              bool is_q, const float2 (&cs)[G], float (*sums)[kWarps]) {
   const T* x = static_cast<const T*>(is_q ? ptr.q : ptr.k);
   const int64_t sb = is_q ? p.q_b : p.k_b, ss = is_q ? p.q_s : p.k_s, sh = is_q ? p.q_h : p.k_h;
   const int heads = is_q ? p.heads : p.kv_heads;
@@ -94,6 +111,7 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
   const void* weight = r.s < p.text_rows ? (is_q ? ptr.q_text_weight : ptr.k_text_weight)
                                          : (is_q ? ptr.q_norm_weight : ptr.k_norm_weight);
   const int gph = p.head_dim / G;  // groups per head: a power of two up to 32
+  const int gph_shift = __ffs(gph) - 1;
   const int groups = heads * gph;
   const int rounds = (groups + kThreads - 1) / kThreads;
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) / 32;
@@ -102,13 +120,15 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
   for (int k = 0; k < kRounds; ++k) {
     const int gi = k * kThreads + static_cast<int>(threadIdx.x);
     if (k < rounds && gi < groups) {
-      const int h = gi / gph;
+      const int h = gi >> gph_shift;
       g[k].load(x + r.b * sb + r.s * ss + h * sh + (gi - h * gph) * G);
     } else {
 #pragma unroll
       for (int i = 0; i < G; ++i) g[k].e[i] = from_float<T>(0.f);
     }
   }
+  // the thread's elements of a head are the same in every round (kThreads is a multiple of gph)
+  const int within = (static_cast<int>(threadIdx.x) & (gph - 1)) * G;
   float inv[kRounds];
 #pragma unroll
   for (int k = 0; k < kRounds; ++k) inv[k] = 1.f;
@@ -143,17 +163,17 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
     if (k >= rounds) break;
     const int gi = k * kThreads + static_cast<int>(threadIdx.x);
     const bool active = gi < groups;
-    const int h = gi / gph, within = (gi - h * gph) * G;
+    const int h = gi >> gph_shift;
     if (norm != core::kSendNoNorm && active) {
-      const int e0 = norm == core::kSendNormHead ? within : h * p.head_dim + within;
-      const auto w = [&](int i) {
-        return p.weight_f32 ? static_cast<const float*>(weight)[e0 + i]
-                            : to_float(static_cast<const T*>(weight)[e0 + i]);
-      };
-      if (p.offset == 0.f)
-        normalize_with<kNormRoundThenWeight>(g[k], w, inv[k]);
-      else
-        normalize_with<kNormOffsetWeight>(g[k], [&](int i) { return __fadd_rn(p.offset, w(i)); }, inv[k]);
+      float w[G];  // 16-byte loads (the plan checks the weights' alignment)
+      weights16<T>(weight, p.weight_f32, norm == core::kSendNormHead ? within : h * p.head_dim + within, w);
+      if (p.offset == 0.f) {
+        normalize_with<kNormRoundThenWeight>(g[k], [&](int i) { return w[i]; }, inv[k]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < G; ++i) w[i] = __fadd_rn(p.offset, w[i]);
+        normalize_with<kNormOffsetWeight>(g[k], [&](int i) { return w[i]; }, inv[k]);
+      }
     }
     if (p.is_neox) {
       Group<T, G> other;  // the pair's other group, `partner` lanes away (every lane takes part)
@@ -166,10 +186,9 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
       *reinterpret_cast<uint4*>(other.e) = theirs;
       if (active && within < p.rotary_dim) {
         const bool first = within < half;
-        const int f0 = first ? within : within - half;
 #pragma unroll
         for (int i = 0; i < G; ++i) {
-          const float2 c = row_ok ? make_float2(cs_row[f0 + i], cs_row[half + f0 + i]) : make_float2(NAN, NAN);
+          const float2 c = cs[i];
           const float a = to_float(first ? g[k].e[i] : other.e[i]), b = to_float(first ? other.e[i] : g[k].e[i]);
           g[k].e[i] = from_float<T>(first ? rotate_first(a, b, c) : rotate_second(a, b, c));
         }
@@ -177,10 +196,8 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
     } else if (active && within < p.rotary_dim) {
 #pragma unroll
       for (int j = 0; j < G / 2; ++j) {
-        const int f = within / 2 + j;
-        const float2 c = row_ok ? make_float2(cs_row[f], cs_row[half + f]) : make_float2(NAN, NAN);
         const float2 v = g[k].get2(j);
-        g[k].set2(j, rotate_first(v.x, v.y, c), rotate_second(v.x, v.y, c));
+        g[k].set2(j, rotate_first(v.x, v.y, cs[j]), rotate_second(v.x, v.y, cs[j]));
       }
     }
     put<T, G, Wire>(p, ptr.send, r, is_q, h, within, 0, g[k], active);
@@ -188,7 +205,7 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
 }
 
 template <typename T, int Wire>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
     ulysses_send_kernel(const UlyssesSendParams p, const UlyssesSendPointers ptr) {
   constexpr int G = 16 / sizeof(T);
   __shared__ float sums[kRounds][kWarps];
@@ -201,22 +218,31 @@ __global__ void __launch_bounds__(kThreads)
     table_row = read_index(ptr.positions, r.b * p.pos_b + r.s * p.pos_s, p.positions_int64);
   const bool row_ok = table_row >= 0 && table_row < p.table_rows;
   const float* cs_row = ptr.cos_sin + (row_ok ? table_row : 0) * p.table_stride;
-  norm_rope_put<T, G, Wire>(p, ptr, r, true, cs_row, row_ok, sums);
-  norm_rope_put<T, G, Wire>(p, ptr, r, false, cs_row, row_ok, sums);
+  // the thread's (cos, sin) for q and k in every round: NeoX G frequencies from its place in the half, GPT-J G / 2
+  const int gph = p.head_dim / G, within = (static_cast<int>(threadIdx.x) & (gph - 1)) * G, half = p.rotary_dim / 2;
+  float2 cs[G];
+  if (within < p.rotary_dim) {
+    if (p.is_neox)
+      row_cos_sin<G>(cs_row + (within < half ? within : within - half), half, row_ok, cs);
+    else
+      row_cos_sin<G / 2>(cs_row + within / 2, half, row_ok, reinterpret_cast<float2(&)[G / 2]>(cs));
+  }
+  norm_rope_put<T, G, Wire>(p, ptr, r, true, cs, sums);
+  norm_rope_put<T, G, Wire>(p, ptr, r, false, cs, sums);
   let_next_kernel_start();
-  const int gph = p.head_dim / G, groups = p.kv_heads * gph;
+  const int groups = p.kv_heads * gph;
   const T* v = static_cast<const T*>(ptr.v);
   for (int base = 0; base < groups; base += kThreads) {  // every lane of a warp in every round (put's shuffles)
     const int gi = base + static_cast<int>(threadIdx.x);
     const bool active = gi < groups;
-    const int h = active ? gi / gph : 0, within = active ? (gi - h * gph) * G : 0;
+    const int h = active ? gi >> (__ffs(gph) - 1) : 0, at = active ? (gi - h * gph) * G : 0;
     Group<T, G> g;
     if (active)
-      g.load(v + r.b * p.v_b + r.s * p.v_s + h * p.v_h + within);
+      g.load(v + r.b * p.v_b + r.s * p.v_s + h * p.v_h + at);
     else
 #pragma unroll
       for (int i = 0; i < G; ++i) g.e[i] = from_float<T>(0.f);
-    put<T, G, Wire>(p, ptr.send, r, false, h, within, p.kv_heads >= p.world ? p.local_kv : 1, g, active);
+    put<T, G, Wire>(p, ptr.send, r, false, h, at, p.kv_heads >= p.world ? p.local_kv : 1, g, active);
   }
   if (Wire != 0) {  // each destination row's zero padding after its scales
     const int64_t used = int64_t{p.n} * p.head_dim + 4 * p.n;

@@ -130,3 +130,32 @@ def test_text_rows_take_their_own_weights(dtype, B, S, H, Hkv, D, world, text_ro
         wire = torch.full((world, S, B, want.shape[2]), 0x5A, dtype=torch.uint8, device="cuda")
         got = _C._ulysses_send(*args, _WIRE[wire_dtype], wire, **text)
         assert torch.equal(got.view(world, S * B, -1), want)
+
+
+@CUDA
+@pytest.mark.parametrize("unaligned", ["table", "weight"])
+def test_tables_and_weights_off_16_bytes_are_refused_and_the_prologue_keeps_the_chain(unaligned):
+    """The pass reads cos/sin and norm weights 16 bytes at a time: a table or a weight that does not start on 16
+    bytes is refused, and the layer's prologue then runs qk_norm_rope, with its results."""
+    from attnprep.ulysses.prologue import send_side
+
+    B, S, H, D, world = 2, 9, 8, 64, 2
+    g = torch.Generator(device="cuda").manual_seed(5)
+    fused = torch.randn(B, S, 3 * H * D, device="cuda", generator=g).to(torch.bfloat16)
+    q, k, v = (t.unflatten(-1, (H, D)) for t in fused.split(H * D, dim=-1))
+    angle = torch.rand(S, D // 2, device="cuda", generator=g) * 100
+    table = torch.cat([angle.cos(), angle.sin()], dim=1)
+    weight = torch.rand(D, device="cuda", generator=g) + 0.5
+    if unaligned == "table":  # one float past an aligned start
+        table = torch.cat([torch.zeros(1, device="cuda"), table.flatten()])[1:].view(S, D)
+    else:
+        weight = torch.cat([torch.zeros(1, device="cuda"), weight])[1:]
+    args = (q, k, v, world, weight, weight, 1e-6, 0.0, table, None, D, False)
+    with pytest.raises(ValueError) as e:
+        _C._ulysses_send(*args)
+    assert str(e.value) == "ulysses_send: cos_sin rows, half rows and norm weights must start on 16 bytes"
+    prologue = dict(cos_sin_cache=table, q_norm_weight=weight, k_norm_weight=weight, is_neox=False)
+    q_out, k_out, send = send_side(q, k, v, prologue, world, True)
+    want = qk_norm_rope(q, k, **prologue)
+    assert send is None
+    assert torch.equal(q_out, want[0]) and torch.equal(k_out, want[1])
