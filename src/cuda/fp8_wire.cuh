@@ -18,6 +18,17 @@ constexpr float kFormatMax = F == core::WireFormat::E4M3FN ? 448.f : 57344.f;
 // max(|a|, |b|) that keeps a NaN, as torch's amax does (fmaxf drops it).
 __device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
 
+// The largest magnitude of a block's values (N in each of `lanes` consecutive, aligned lanes, a power of two), NaN
+// where one is. Every lane of the warp calls it; a lane without values passes zeros.
+template <int N>
+__device__ __forceinline__ float block_amax(const float (&f)[N], unsigned lanes) {
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) amax = nan_max(amax, fabsf(f[i]));
+  for (unsigned o = lanes / 2; o > 0; o /= 2) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  return amax;
+}
+
 // scale = amax / fmax, values x * (fmax / amax); both 1 when the scale is not positive (zero or NaN) or the
 // inverse overflows.
 template <core::WireFormat F>

@@ -57,19 +57,18 @@ __device__ __forceinline__ void put(const UlyssesSendParams& p, void* send, cons
       g.store(static_cast<T*>(send) + (send_row(p, r, d) * p.n + slot) * p.head_dim + within);
   } else {
     constexpr auto F = static_cast<core::WireFormat>(Wire);
-    float amax = 0.f;
+    float f[G];
 #pragma unroll
-    for (int i = 0; i < G; ++i) amax = fp8_wire::nan_max(amax, fabsf(to_float(g.e[i])));
-    for (int off = 1; off < p.head_dim / G; off *= 2)
-      amax = fp8_wire::nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    for (int i = 0; i < G; ++i) f[i] = to_float(g.e[i]);
+    const float amax = fp8_wire::block_amax(f, static_cast<unsigned>(p.head_dim / G));
     if (!active) return;
     float scale, inv;
     fp8_wire::block_scale<F>(amax, scale, inv);
     uint32_t words[G / 4];  // the G fp8 bytes, first element lowest
 #pragma unroll
     for (int i = 0; i < G; i += 4) {
-      const uint32_t lo = fp8_wire::to_fp8x2<F>(to_float(g.e[i]), to_float(g.e[i + 1]), inv);
-      const uint32_t hi = fp8_wire::to_fp8x2<F>(to_float(g.e[i + 2]), to_float(g.e[i + 3]), inv);
+      const uint32_t lo = fp8_wire::to_fp8x2<F>(f[i], f[i + 1], inv);
+      const uint32_t hi = fp8_wire::to_fp8x2<F>(f[i + 2], f[i + 3], inv);
       words[i / 4] = lo | (hi << 16);
     }
     for (int d = d0; d < d0 + count; ++d) {

@@ -18,7 +18,6 @@ using elements::from_float;
 using elements::to_float;
 using fp8_wire::block_scale;
 using fp8_wire::kInterp;
-using fp8_wire::nan_max;
 using fp8_wire::to_fp8x2;
 
 constexpr int kThreads = WireCudaPolicy::threads;
@@ -43,13 +42,10 @@ __device__ __forceinline__ void quantize_unit(const Unit& raw, bool has, unsigne
   const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
   for (int i = 0; i < N; ++i) f[i] = to_float(e[i]);
-  float amax = 0.f;
-#pragma unroll
-  for (int i = 0; i < N; ++i) amax = nan_max(amax, fabsf(f[i]));
   // The lanes of one block are consecutive and aligned (a plan row holds
   // whole blocks, and blocks of threads hold whole rows' units in order);
   // every lane of the warp shuffles, with or without a unit.
-  for (unsigned o = lanes / 2; o > 0; o /= 2) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float amax = fp8_wire::block_amax(f, lanes);
   if (!has) return;
   float scale, inv;
   block_scale<F>(amax, scale, inv);
