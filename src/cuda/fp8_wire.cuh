@@ -2,9 +2,12 @@
 // scale from its largest magnitude, and its values scaled and rounded to fp8 two at a time.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/wire.h"
 
@@ -18,13 +21,23 @@ constexpr float kFormatMax = F == core::WireFormat::E4M3FN ? 448.f : 57344.f;
 // max(|a|, |b|) that keeps a NaN, as torch's amax does (fmaxf drops it).
 __device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
 
-// The largest magnitude of a block's values (N in each of `lanes` consecutive, aligned lanes, a power of two), NaN
-// where one is. Every lane of the warp calls it; a lane without values passes zeros.
-template <int N>
-__device__ __forceinline__ float block_amax(const float (&f)[N], unsigned lanes) {
+// The largest magnitude of a block's values (N of type T in each of `lanes` consecutive, aligned lanes, a power of
+// two), NaN where one is; 2-byte pairs compared packed, exact. Every lane of the warp calls it; one without values
+// passes zeros.
+template <typename T, int N>
+__device__ __forceinline__ float block_amax(const T* e, unsigned lanes) {
   float amax = 0.f;
+  if constexpr ((std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) && N % 2 == 0) {
+    using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+    const T2* e2 = reinterpret_cast<const T2*>(e);
+    T2 m = __habs2(e2[0]);
 #pragma unroll
-  for (int i = 0; i < N; ++i) amax = nan_max(amax, fabsf(f[i]));
+    for (int i = 1; i < N / 2; ++i) m = __hmax2_nan(m, __habs2(e2[i]));
+    amax = nan_max(__low2float(m), __high2float(m));
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) amax = nan_max(amax, fabsf(static_cast<float>(e[i])));
+  }
   for (unsigned o = lanes / 2; o > 0; o /= 2) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   return amax;
 }

@@ -150,8 +150,18 @@ __device__ __forceinline__ void copy_async(void* smem, const void* gmem, int byt
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
 }
+// The same for 16 bytes read once (cached in L2 only).
+__device__ __forceinline__ void copy_async_streaming(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
 __device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Waits until at most `kPending` of the thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void wait_async_copies_but() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
 // Warp rows: each warp's shared-memory copy of the token's cos_sin_cache row and the 2-byte norm weights, copied
 // asynchronously by its lanes; lanes reading the same frequencies read the same bytes (one access where a copy per

@@ -1,8 +1,8 @@
-// The Ulysses send side in one pass: a block per send row (s, b). The row's q and k groups (16 bytes each) sit
-// in registers, a round of the block's threads at a time; the norm's pairwise sum runs over groups, lanes, warps and
-// rounds (per token) or over a head's lanes (per head); a thread holds the same elements of a head in every round, so
-// it reads its cos/sin once per row; every group is written once (a replicated kv head once per destination that
-// takes it), v streamed through.
+// The Ulysses send side in one pass: a block per send row (s, b). The row's q, k and v groups (16 bytes each) are
+// copied to shared memory at once (cp.async: no registers held in flight, each thread reads back its own copies),
+// then q and k go through registers a round of the block's threads at a time; the norm's pairwise sum runs over groups,
+// lanes, warps and rounds (per token) or a head's lanes (per head); a thread holds the same elements of a head in every
+// round (its cos/sin read once per row); every group is written once (a replicated kv head once per destination).
 #include "cuda/ulysses_send.h"
 
 #include <cstdint>
@@ -27,6 +27,15 @@ constexpr int kWarps = kThreads / 32;
 template <int Wire>
 constexpr int kMinBlocks = Wire == 0 ? 4 : 3;
 constexpr int kRounds = 4;  // a tensor's row of up to 4 * 256 groups (bf16: 8192 values, Wan 2.1-14B's 5120)
+// Shared memory for the row's staged groups without an opt-in (48 KB, less the norm's sums): q's and k's always; v's
+// where they fit too (else v is read straight into registers).
+constexpr int kStageBytes = 48 * 1024 - kRounds * kWarps * 4;
+__host__ __device__ __forceinline__ bool stages_v(const UlyssesSendParams& p, int G) {
+  return (p.heads + 2 * p.kv_heads) * (p.head_dim / G) * 16 <= kStageBytes;
+}
+__host__ __device__ __forceinline__ int stage_bytes(const UlyssesSendParams& p, int G) {
+  return (p.heads + (stages_v(p, G) ? 2 : 1) * p.kv_heads) * (p.head_dim / G) * 16;
+}
 
 struct Row {
   int64_t s, b;
@@ -60,7 +69,7 @@ __device__ __forceinline__ void put(const UlyssesSendParams& p, void* send, cons
     float f[G];
 #pragma unroll
     for (int i = 0; i < G; ++i) f[i] = to_float(g.e[i]);
-    const float amax = fp8_wire::block_amax(f, static_cast<unsigned>(p.head_dim / G));
+    const float amax = fp8_wire::block_amax<T, G>(g.e, static_cast<unsigned>(p.head_dim / G));
     if (!active) return;
     float scale, inv;
     fp8_wire::block_scale<F>(amax, scale, inv);
@@ -94,6 +103,17 @@ __device__ __forceinline__ void row_cos_sin(const float* at, int half, bool row_
   }
 }
 
+// Starts the copies of a tensor's row (`groups` 16-byte groups, heads `sh` elements apart) to `stage`, and commits
+// them as one group (empty where there is nothing to copy, so every thread commits the same count).
+template <typename T, int G>
+__device__ __forceinline__ void stage_row(uint4* stage, const T* row, int64_t sh, int groups, int gph_shift) {
+  for (int gi = static_cast<int>(threadIdx.x); gi < groups; gi += kThreads) {
+    const int h = gi >> gph_shift;
+    copy_async_streaming(stage + gi, row + h * sh + (gi - (h << gph_shift)) * G);
+  }
+  commit_async_copies();
+}
+
 // The factor of a norm over `n` elements whose pairwise sum is ss.
 __device__ __forceinline__ float norm_inv(float ss, int n, float eps) {
   return rcp_sqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps));
@@ -102,9 +122,8 @@ __device__ __forceinline__ float norm_inv(float ss, int n, float eps) {
 // q (or k) of the row: loaded, normalized, rotated, written.
 template <typename T, int G, int Wire>
 __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const UlyssesSendPointers& ptr, const Row& r,
-                                              bool is_q, const float2 (&cs)[G], float (*sums)[kWarps]) {
-  const T* x = static_cast<const T*>(is_q ? ptr.q : ptr.k);
-  const int64_t sb = is_q ? p.q_b : p.k_b, ss = is_q ? p.q_s : p.k_s, sh = is_q ? p.q_h : p.k_h;
+                                              bool is_q, const float2 (&cs)[G], const uint4* stage,
+                                              float (*sums)[kWarps]) {
   const int heads = is_q ? p.heads : p.kv_heads;
   const int norm = is_q ? p.norm_q : p.norm_k;
   const void* weight = r.s < p.text_rows ? (is_q ? ptr.q_text_weight : ptr.k_text_weight)
@@ -119,8 +138,7 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
   for (int k = 0; k < kRounds; ++k) {
     const int gi = k * kThreads + static_cast<int>(threadIdx.x);
     if (k < rounds && gi < groups) {
-      const int h = gi >> gph_shift;
-      g[k].load(x + r.b * sb + r.s * ss + h * sh + (gi - h * gph) * G);
+      *reinterpret_cast<uint4*>(g[k].e) = stage[gi];
     } else {
 #pragma unroll
       for (int i = 0; i < G; ++i) g[k].e[i] = from_float<T>(0.f);
@@ -208,9 +226,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
     ulysses_send_kernel(const UlyssesSendParams p, const UlyssesSendPointers ptr) {
   constexpr int G = 16 / sizeof(T);
   __shared__ float sums[kRounds][kWarps];
+  extern __shared__ uint4 stage[];  // the row's q groups, then k's, then v's (where they fit)
   const int64_t row = blockIdx.x;
   const Row r{row / p.B, row - (row / p.B) * p.B};
+  const int gph = p.head_dim / G, gph_shift = __ffs(gph) - 1, gq = p.heads * gph, gk = p.kv_heads * gph;
+  const bool staged_v = stages_v(p, G);
+  const T* v = static_cast<const T*>(ptr.v) + r.b * p.v_b + r.s * p.v_s;
   wait_for_prior_kernels();
+  stage_row<T, G>(stage, static_cast<const T*>(ptr.q) + r.b * p.q_b + r.s * p.q_s, p.q_h, gq, gph_shift);
+  stage_row<T, G>(stage + gq, static_cast<const T*>(ptr.k) + r.b * p.k_b + r.s * p.k_s, p.k_h, gk, gph_shift);
+  stage_row<T, G>(stage + gq + gk, v, p.v_h, staged_v ? gk : 0, gph_shift);
   // the row's cos/sin
   int64_t table_row = p.rows_kind == core::kSendRowsShared ? r.s : r.b * p.S + r.s;
   if (p.rows_kind == core::kSendPositions)
@@ -218,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
   const bool row_ok = table_row >= 0 && table_row < p.table_rows;
   const float* cs_row = ptr.cos_sin + (row_ok ? table_row : 0) * p.table_stride;
   // the thread's (cos, sin) for q and k in every round: NeoX G frequencies from its place in the half, GPT-J G / 2
-  const int gph = p.head_dim / G, within = (static_cast<int>(threadIdx.x) & (gph - 1)) * G, half = p.rotary_dim / 2;
+  const int within = (static_cast<int>(threadIdx.x) & (gph - 1)) * G, half = p.rotary_dim / 2;
   float2 cs[G];
   if (within < p.rotary_dim) {
     if (p.is_neox)
@@ -226,18 +251,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
     else
       row_cos_sin<G / 2>(cs_row + within / 2, half, row_ok, reinterpret_cast<float2(&)[G / 2]>(cs));
   }
-  norm_rope_put<T, G, Wire>(p, ptr, r, true, cs, sums);
-  norm_rope_put<T, G, Wire>(p, ptr, r, false, cs, sums);
+  wait_async_copies_but<2>();  // q's copies
+  norm_rope_put<T, G, Wire>(p, ptr, r, true, cs, stage, sums);
+  wait_async_copies_but<1>();  // k's
+  norm_rope_put<T, G, Wire>(p, ptr, r, false, cs, stage + gq, sums);
   let_next_kernel_start();
-  const int groups = p.kv_heads * gph;
-  const T* v = static_cast<const T*>(ptr.v);
+  wait_async_copies_but<0>();  // v's
+  const int groups = gk;
   for (int base = 0; base < groups; base += kThreads) {  // every lane of a warp in every round (put's shuffles)
     const int gi = base + static_cast<int>(threadIdx.x);
     const bool active = gi < groups;
-    const int h = active ? gi >> (__ffs(gph) - 1) : 0, at = active ? (gi - h * gph) * G : 0;
+    const int h = active ? gi >> gph_shift : 0, at = active ? (gi - h * gph) * G : 0;
     Group<T, G> g;
-    if (active)
-      g.load(v + r.b * p.v_b + r.s * p.v_s + h * p.v_h + at);
+    if (active && staged_v)
+      *reinterpret_cast<uint4*>(g.e) = stage[gq + gk + gi];
+    else if (active)
+      g.load(v + h * p.v_h + at);
     else
 #pragma unroll
       for (int i = 0; i < G; ++i) g.e[i] = from_float<T>(0.f);
@@ -262,11 +291,12 @@ cudaError_t ulysses_send(const core::UlyssesSendParams& p, const UlyssesSendPoin
   const dim3 grid(static_cast<unsigned>(rows));
   return with_element_type(dtype, false, [&](auto element, auto) {
     using T = decltype(element);
+    const size_t bytes = stage_bytes(p, 16 / static_cast<int>(sizeof(T)));
     if (p.wire == static_cast<int32_t>(core::WireFormat::E4M3FN))
-      return launch_kernel(ulysses_send_kernel<T, 1>, grid, dim3(kThreads), stream, p, ptr);
+      return launch_kernel_shared(ulysses_send_kernel<T, 1>, grid, dim3(kThreads), bytes, stream, p, ptr);
     if (p.wire == static_cast<int32_t>(core::WireFormat::E5M2))
-      return launch_kernel(ulysses_send_kernel<T, 2>, grid, dim3(kThreads), stream, p, ptr);
-    return launch_kernel(ulysses_send_kernel<T, 0>, grid, dim3(kThreads), stream, p, ptr);
+      return launch_kernel_shared(ulysses_send_kernel<T, 2>, grid, dim3(kThreads), bytes, stream, p, ptr);
+    return launch_kernel_shared(ulysses_send_kernel<T, 0>, grid, dim3(kThreads), bytes, stream, p, ptr);
   });
 }
 

@@ -45,7 +45,7 @@ __device__ __forceinline__ void quantize_unit(const Unit& raw, bool has, unsigne
   // The lanes of one block are consecutive and aligned (a plan row holds
   // whole blocks, and blocks of threads hold whole rows' units in order);
   // every lane of the warp shuffles, with or without a unit.
-  const float amax = fp8_wire::block_amax(f, lanes);
+  const float amax = fp8_wire::block_amax<T, N>(e, lanes);
   if (!has) return;
   float scale, inv;
   block_scale<F>(amax, scale, inv);
