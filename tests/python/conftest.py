@@ -1,4 +1,5 @@
 import faulthandler
+import functools
 import os
 import socket
 
@@ -110,6 +111,36 @@ def assert_ranks_ok(worker, world, *args, timeout=180):
     got, codes = spawn_ranks(worker, world, *args, timeout=timeout)
     assert got == [(r, "ok") for r in range(world)], got
     assert all(c == 0 for c in codes), codes
+
+
+def gloo_case_reports(body, world, cases, case, timeout=120):
+    """What each rank reported for ``case`` (``[(rank, report)]``) and the exit codes, where one gloo group of
+    ``world`` ranks ran ``body(rank, world, device, c)`` for every c of ``cases`` in turn: one group per (body, world)
+    serves every case of a parametrized test, and each later case also shows the group survives an earlier error."""
+    ran = _cases_in_one_group(body, world, tuple(cases), timeout)
+    if isinstance(ran, Exception):
+        raise AssertionError(f"the group of {world} ranks running {body.__name__} failed: {ran!r}")
+    got, codes = ran
+    return [(r, report[case] if isinstance(report, dict) else report) for r, report in got], list(codes)
+
+
+@functools.cache
+def _cases_in_one_group(body, world, cases, timeout):
+    try:
+        got, codes = spawn_ranks(run_rank, world, "gloo", _every_case, body, cases, timeout=timeout)
+    except Exception as e:  # a rank that never reported: every case fails with it, none waits again
+        return e
+    return tuple(got), tuple(codes)
+
+
+def _every_case(rank, world, device, body, cases):
+    reports = {}
+    for case in cases:
+        try:
+            reports[case] = body(rank, world, device, case)
+        except Exception as e:  # as run_rank reports it, and the next case still runs
+            reports[case] = repr(e)
+    return reports
 
 
 # NVLink multicast stays off on shared multi-GPU hosts (spawned ranks inherit these)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from attnprep import ulysses
 from attnprep.testing import attention_reference, pack_gqa_reference
-from conftest import assert_ranks_ok, free_port, nccl_ranks_ok, requires_cuda, run_rank, same_bits, spawn_ranks
+from conftest import assert_ranks_ok, free_port, gloo_case_reports, nccl_ranks_ok, requires_cuda, run_rank, same_bits
 
 # (heads, kv_heads) per world size: MHA, kv heads split across ranks, kv heads replicated
 CASES = {
@@ -152,13 +152,16 @@ def test_every_dtype_has_its_own_agreement_code():
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_ranks_that_disagree_all_raise_the_same_error(world, case):
-    got, codes = spawn_ranks(run_rank, world, "gloo", _bad_input_worker, case, timeout=120)  # a hang fails here
+    got, codes = gloo_case_reports(_bad_input_worker, world, BAD_INPUTS, case)  # a hang fails here
     kind, msg = BAD_INPUTS[case]
     if "{}" in msg:
         msg = msg.format("[" + ", ".join(str(x) for x in _field_values(case, world)) + "]")
     msg = msg.replace("{last}", str(world - 1))
     assert got == [(r, (kind, msg)) for r in range(world)], got
     assert all(c == 0 for c in codes), codes
+
+
+BAD_OUTS = ["not a tensor", "not 3-D", "rows", "heads", "head_dim", "dtype", "wire"]
 
 
 def _bad_gather_worker(rank, world, device, case):
@@ -218,9 +221,9 @@ def _bad_gather(case, world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("case", ["not a tensor", "not 3-D", "rows", "heads", "head_dim", "dtype", "wire"])
+@pytest.mark.parametrize("case", BAD_OUTS)
 def test_gather_heads_with_a_bad_out_on_one_rank(world, case):
-    got, codes = spawn_ranks(run_rank, world, "gloo", _bad_gather_worker, case, timeout=120)  # a hang fails here
+    got, codes = gloo_case_reports(_bad_gather_worker, world, BAD_OUTS, case)  # a hang fails here
     assert got == [(r, _bad_gather(case, world)) for r in range(world)], got
     assert all(c == 0 for c in codes), codes
 

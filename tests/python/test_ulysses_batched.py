@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attnprep import ulysses
-from conftest import assert_ranks_ok, error_text, nccl_ranks_ok, run_rank, spawn_ranks
+from conftest import assert_ranks_ok, error_text, gloo_case_reports, nccl_ranks_ok, run_rank, spawn_ranks
 
 
 def reference(q, k, v, key_mask, causal):
@@ -95,21 +95,21 @@ def _disagreement_body(rank, world, device, what):
     return error_text(lambda: ulysses.ulysses_attention(q, k, v, key_padding_mask=mask))
 
 
-@pytest.mark.parametrize(
-    "what, message",
-    [
-        ("batch", "ValueError: ulysses: every rank must pass the same batch, got [2, 1]"),
-        ("mask", "ValueError: ulysses: every rank must pass the same key_padding_mask, got [True, False]"),
-        ("dtype", "ValueError: ulysses: every rank must pass the same dtype, got [torch.float64, torch.float32]"),
-        ("dims", "ValueError: ulysses: every rank must pass the same q dims, got [4, 3]"),
-        (
-            "mask shape",
-            "ValueError: ulysses: rank 1: ulysses: key_padding_mask must be a bool tensor [batch, rows] on q's device",
-        ),
-    ],
-)
+ERRORS = [
+    ("batch", "ValueError: ulysses: every rank must pass the same batch, got [2, 1]"),
+    ("mask", "ValueError: ulysses: every rank must pass the same key_padding_mask, got [True, False]"),
+    ("dtype", "ValueError: ulysses: every rank must pass the same dtype, got [torch.float64, torch.float32]"),
+    ("dims", "ValueError: ulysses: every rank must pass the same q dims, got [4, 3]"),
+    (
+        "mask shape",
+        "ValueError: ulysses: rank 1: ulysses: key_padding_mask must be a bool tensor [batch, rows] on q's device",
+    ),
+]
+
+
+@pytest.mark.parametrize("what, message", ERRORS)
 def test_every_rank_raises_the_same_error(what, message):
-    got, codes = spawn_ranks(run_rank, 2, "gloo", _disagreement_body, what, timeout=120)
+    got, codes = gloo_case_reports(_disagreement_body, 2, [c for c, _ in ERRORS], what)
     assert got == [(0, message), (1, message)], got
     assert codes == [0, 0]
 

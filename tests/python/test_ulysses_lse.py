@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from attnprep import ulysses
-from conftest import assert_ranks_ok, error_text, run_rank, spawn_ranks
+from conftest import assert_ranks_ok, error_text, gloo_case_reports, run_rank
 
 
 def attention_lse(q, k, v, key_mask=None):
@@ -88,21 +88,21 @@ def _refused_body(rank, world, device, what):
     return error_text(lambda: ulysses.ulysses_attention(q, k, v, **kw))
 
 
-@pytest.mark.parametrize(
-    "what, message",
-    [
-        ("no attn_fn", "ValueError: ulysses: rank 0: " + ulysses.LSE_NEEDS_ATTN_FN),
-        ("chunks", "ValueError: ulysses: rank 0: " + ulysses.LSE_NEEDS_ONE_CHUNK),
-        ("type", "TypeError: ulysses: rank 0: ulysses: return_lse must be a bool, got int"),
-        ("disagree", "ValueError: ulysses: every rank must pass the same return_lse, got [True, False]"),
-        (
-            "bad attn_fn",
-            "ValueError: ulysses: with return_lse=True, attn_fn must return (out, lse): out shaped like its q, "
-            "torch.Size([8, 2, 16]), and lse float32 [2, 8], on cpu, got a tensor torch.Size([8, 2, 16])",
-        ),
-    ],
-)
+ERRORS = [
+    ("no attn_fn", "ValueError: ulysses: rank 0: " + ulysses.LSE_NEEDS_ATTN_FN),
+    ("chunks", "ValueError: ulysses: rank 0: " + ulysses.LSE_NEEDS_ONE_CHUNK),
+    ("type", "TypeError: ulysses: rank 0: ulysses: return_lse must be a bool, got int"),
+    ("disagree", "ValueError: ulysses: every rank must pass the same return_lse, got [True, False]"),
+    (
+        "bad attn_fn",
+        "ValueError: ulysses: with return_lse=True, attn_fn must return (out, lse): out shaped like its q, "
+        "torch.Size([8, 2, 16]), and lse float32 [2, 8], on cpu, got a tensor torch.Size([8, 2, 16])",
+    ),
+]
+
+
+@pytest.mark.parametrize("what, message", ERRORS)
 def test_what_it_cannot_serve_raises_on_every_rank(what, message):
-    got, codes = spawn_ranks(run_rank, 2, "gloo", _refused_body, what, timeout=120)
+    got, codes = gloo_case_reports(_refused_body, 2, [c for c, _ in ERRORS], what)
     assert got == [(0, message), (1, message)], got
     assert codes == [0, 0]

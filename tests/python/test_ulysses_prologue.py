@@ -6,7 +6,7 @@ import pytest
 import torch
 from attnprep import qk_norm_rope, ulysses
 from attnprep.ulysses import prologue as prologue_module
-from conftest import error_text, nccl_ranks_ok, run_rank, spawn_ranks
+from conftest import error_text, gloo_case_reports, nccl_ranks_ok
 
 KEYS = ", ".join(ulysses.PROLOGUE_KEYS) + " and text_norm"
 
@@ -36,23 +36,23 @@ def _errors_body(rank, world, device, case):
     return error_text(lambda: ulysses.ulysses_attention(q, k, v, prologue=kw))
 
 
-@pytest.mark.parametrize(
-    "case, message",
-    [
-        # rank 0 passes none, and raises rank 1's error rather than waiting for it
-        ("one rank", "ValueError: ulysses: rank 1: rope_pool_fused expects CUDA or MPS tensors"),
-        ("key", f"TypeError: ulysses: rank 1: ulysses: prologue takes qk_norm_rope's {KEYS}, got 'inplace'"),
-        ("type", "TypeError: ulysses: rank 0: ulysses: prologue must be a dict or None, got list"),
-        ("3-D", f"ValueError: ulysses: rank 0: {ulysses.PROLOGUE_NEEDS_BATCH}"),
-        ("CPU", "ValueError: ulysses: rank 0: rope_pool_fused expects CUDA or MPS tensors"),
-        ("text form", f"TypeError: ulysses: rank 0: {prologue_module.TEXT_NORM_FORM.format('tuple')}"),
-        ("text weight", f"TypeError: ulysses: rank 0: {prologue_module.TEXT_NORM_FORM.format('tuple')}"),
-        ("text rows", f"ValueError: ulysses: rank 0: {prologue_module.TEXT_NORM_ROWS.format(5, 6)}"),
-        ("text needs", f"ValueError: ulysses: rank 0: {prologue_module.TEXT_NORM_NEEDS}"),
-    ],
-)
+ERRORS = [
+    # rank 0 passes none, and raises rank 1's error rather than waiting for it
+    ("one rank", "ValueError: ulysses: rank 1: rope_pool_fused expects CUDA or MPS tensors"),
+    ("key", f"TypeError: ulysses: rank 1: ulysses: prologue takes qk_norm_rope's {KEYS}, got 'inplace'"),
+    ("type", "TypeError: ulysses: rank 0: ulysses: prologue must be a dict or None, got list"),
+    ("3-D", f"ValueError: ulysses: rank 0: {ulysses.PROLOGUE_NEEDS_BATCH}"),
+    ("CPU", "ValueError: ulysses: rank 0: rope_pool_fused expects CUDA or MPS tensors"),
+    ("text form", f"TypeError: ulysses: rank 0: {prologue_module.TEXT_NORM_FORM.format('tuple')}"),
+    ("text weight", f"TypeError: ulysses: rank 0: {prologue_module.TEXT_NORM_FORM.format('tuple')}"),
+    ("text rows", f"ValueError: ulysses: rank 0: {prologue_module.TEXT_NORM_ROWS.format(5, 6)}"),
+    ("text needs", f"ValueError: ulysses: rank 0: {prologue_module.TEXT_NORM_NEEDS}"),
+]
+
+
+@pytest.mark.parametrize("case, message", ERRORS)
 def test_every_rank_raises_the_same_error(case, message):
-    got, codes = spawn_ranks(run_rank, 2, "gloo", _errors_body, case, timeout=120)
+    got, codes = gloo_case_reports(_errors_body, 2, [c for c, _ in ERRORS], case)
     assert got == [(0, message), (1, message)], got
     assert codes == [0, 0]
 
