@@ -5,6 +5,7 @@
 // round (its cos/sin read once per row); every group is written once (a replicated kv head once per destination).
 #include "cuda/ulysses_send.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/block_sum.cuh"
@@ -20,12 +21,14 @@ namespace {
 
 using core::UlyssesSendParams;
 using namespace rope;
+// At most 256 threads a block; a per-token norm takes all 256 (its pairwise sum spans a power of two of groups a
+// round), other rows the fewest warps that keep the rounds they need (Flux's 384 groups: 2 rounds of 192, not 256).
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// Blocks per SM the registers must allow: 4 (64 registers) for the plain pass; 3 for the fp8 rows (76-78 registers
-// without spills; at 4 they spill).
+// Blocks per SM the registers must allow: plain rows 5 (48 registers, 40 bytes spilled), fp8 rows 4 (62; at 5 they
+// spill). A round's group is read from shared memory where it is needed, none held across rounds.
 template <int Wire>
-constexpr int kMinBlocks = Wire == 0 ? 4 : 3;
+constexpr int kMinBlocks = Wire == 0 ? 5 : 4;
 constexpr int kRounds = 4;  // a tensor's row of up to 4 * 256 groups (bf16: 8192 values, Wan 2.1-14B's 5120)
 // Shared memory for the row's staged groups without an opt-in (48 KB, less the norm's sums): q's and k's always; v's
 // where they fit too (else v is read straight into registers).
@@ -107,7 +110,7 @@ __device__ __forceinline__ void row_cos_sin(const float* at, int half, bool row_
 // them as one group (empty where there is nothing to copy, so every thread commits the same count).
 template <typename T, int G>
 __device__ __forceinline__ void stage_row(uint4* stage, const T* row, int64_t sh, int groups, int gph_shift) {
-  for (int gi = static_cast<int>(threadIdx.x); gi < groups; gi += kThreads) {
+  for (int gi = static_cast<int>(threadIdx.x); gi < groups; gi += static_cast<int>(blockDim.x)) {
     const int h = gi >> gph_shift;
     copy_async_streaming(stage + gi, row + h * sh + (gi - (h << gph_shift)) * G);
   }
@@ -131,20 +134,21 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
   const int gph = p.head_dim / G;  // groups per head: a power of two up to 32
   const int gph_shift = __ffs(gph) - 1;
   const int groups = heads * gph;
-  const int rounds = (groups + kThreads - 1) / kThreads;
+  const int threads = static_cast<int>(blockDim.x), rounds = (groups + threads - 1) / threads;
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) / 32;
-  Group<T, G> g[kRounds];
-#pragma unroll
-  for (int k = 0; k < kRounds; ++k) {
-    const int gi = k * kThreads + static_cast<int>(threadIdx.x);
-    if (k < rounds && gi < groups) {
-      *reinterpret_cast<uint4*>(g[k].e) = stage[gi];
+  // a round's group, read from the staged row twice (the norm's sum, then the work): no registers held across rounds
+  const auto staged = [&](int k) {
+    Group<T, G> g;
+    const int gi = k * threads + static_cast<int>(threadIdx.x);
+    if (gi < groups) {
+      *reinterpret_cast<uint4*>(g.e) = stage[gi];
     } else {
 #pragma unroll
-      for (int i = 0; i < G; ++i) g[k].e[i] = from_float<T>(0.f);
+      for (int i = 0; i < G; ++i) g.e[i] = from_float<T>(0.f);
     }
-  }
-  // the thread's elements of a head are the same in every round (kThreads is a multiple of gph)
+    return g;
+  };
+  // the thread's elements of a head are the same in every round (the block's threads are a multiple of gph)
   const int within = (static_cast<int>(threadIdx.x) & (gph - 1)) * G;
   float inv[kRounds];
 #pragma unroll
@@ -153,7 +157,7 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
 #pragma unroll
     for (int k = 0; k < kRounds; ++k) {
       if (k >= rounds) break;
-      float s = group_squares(g[k]);
+      float s = group_squares(staged(k));
       for (int off = 1; off < gph; off *= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
       inv[k] = norm_inv(s, p.head_dim, p.eps);
     }
@@ -162,7 +166,7 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
 #pragma unroll
     for (int k = 0; k < kRounds; ++k) {
       if (k >= rounds) break;
-      float s = group_squares(g[k]);
+      float s = group_squares(staged(k));
       for (int off = 1; off < 32; off *= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
       if (lane == 0) sums[k][warp] = s;
     }
@@ -178,23 +182,24 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
 #pragma unroll
   for (int k = 0; k < kRounds; ++k) {
     if (k >= rounds) break;
-    const int gi = k * kThreads + static_cast<int>(threadIdx.x);
+    const int gi = k * threads + static_cast<int>(threadIdx.x);
     const bool active = gi < groups;
     const int h = gi >> gph_shift;
+    Group<T, G> g = staged(k);
     if (norm != core::kSendNoNorm && active) {
       float w[G];  // 16-byte loads (the plan checks the weights' alignment)
       weights16<T>(weight, p.weight_f32, norm == core::kSendNormHead ? within : h * p.head_dim + within, w);
       if (p.offset == 0.f) {
-        normalize_with<kNormRoundThenWeight>(g[k], [&](int i) { return w[i]; }, inv[k]);
+        normalize_with<kNormRoundThenWeight>(g, [&](int i) { return w[i]; }, inv[k]);
       } else {
 #pragma unroll
         for (int i = 0; i < G; ++i) w[i] = __fadd_rn(p.offset, w[i]);
-        normalize_with<kNormOffsetWeight>(g[k], [&](int i) { return w[i]; }, inv[k]);
+        normalize_with<kNormOffsetWeight>(g, [&](int i) { return w[i]; }, inv[k]);
       }
     }
     if (p.is_neox) {
       Group<T, G> other;  // the pair's other group, `partner` lanes away (every lane takes part)
-      const uint4 mine = *reinterpret_cast<const uint4*>(g[k].e);
+      const uint4 mine = *reinterpret_cast<const uint4*>(g.e);
       uint4 theirs;
       theirs.x = __shfl_xor_sync(0xffffffffu, mine.x, partner);
       theirs.y = __shfl_xor_sync(0xffffffffu, mine.y, partner);
@@ -206,18 +211,18 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
 #pragma unroll
         for (int i = 0; i < G; ++i) {
           const float2 c = cs[i];
-          const float a = to_float(first ? g[k].e[i] : other.e[i]), b = to_float(first ? other.e[i] : g[k].e[i]);
-          g[k].e[i] = from_float<T>(first ? rotate_first(a, b, c) : rotate_second(a, b, c));
+          const float a = to_float(first ? g.e[i] : other.e[i]), b = to_float(first ? other.e[i] : g.e[i]);
+          g.e[i] = from_float<T>(first ? rotate_first(a, b, c) : rotate_second(a, b, c));
         }
       }
     } else if (active && within < p.rotary_dim) {
 #pragma unroll
       for (int j = 0; j < G / 2; ++j) {
-        const float2 v = g[k].get2(j);
-        g[k].set2(j, rotate_first(v.x, v.y, cs[j]), rotate_second(v.x, v.y, cs[j]));
+        const float2 v = g.get2(j);
+        g.set2(j, rotate_first(v.x, v.y, cs[j]), rotate_second(v.x, v.y, cs[j]));
       }
     }
-    put<T, G, Wire>(p, ptr.send, r, is_q, h, within, 0, g[k], active);
+    put<T, G, Wire>(p, ptr.send, r, is_q, h, within, 0, g, active);
   }
 }
 
@@ -258,7 +263,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
   let_next_kernel_start();
   wait_async_copies_but<0>();  // v's
   const int groups = gk;
-  for (int base = 0; base < groups; base += kThreads) {  // every lane of a warp in every round (put's shuffles)
+  for (int base = 0; base < groups;
+       base += static_cast<int>(blockDim.x)) {  // every lane of a warp in every round (put's shuffles)
     const int gi = base + static_cast<int>(threadIdx.x);
     const bool active = gi < groups;
     const int h = active ? gi >> gph_shift : 0, at = active ? (gi - h * gph) * G : 0;
@@ -274,11 +280,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
   }
   if (Wire != 0) {  // each destination row's zero padding after its scales
     const int64_t used = int64_t{p.n} * p.head_dim + 4 * p.n;
-    for (int d = static_cast<int>(threadIdx.x); d < p.world; d += kThreads) {
+    for (int d = static_cast<int>(threadIdx.x); d < p.world; d += static_cast<int>(blockDim.x)) {
       unsigned char* row = static_cast<unsigned char*>(ptr.send) + send_row(p, r, d) * p.row_bytes;
       for (int64_t at = used; at < p.row_bytes; at += 4) *reinterpret_cast<uint32_t*>(row + at) = 0u;
     }
   }
+}
+
+// The block's threads (above): 256 for a per-token norm, else the rounds' groups spread over the fewest warps.
+int block_threads(const core::UlyssesSendParams& p, int G) {
+  if (p.norm_q == core::kSendNormToken || p.norm_k == core::kSendNormToken) return kThreads;
+  const int groups = std::max(p.heads, p.kv_heads) * (p.head_dim / G);
+  const int rounds = std::max(1, (groups + kThreads - 1) / kThreads);
+  return ((groups + rounds - 1) / rounds + 31) / 32 * 32;
 }
 
 }  // namespace
@@ -292,11 +306,12 @@ cudaError_t ulysses_send(const core::UlyssesSendParams& p, const UlyssesSendPoin
   return with_element_type(dtype, false, [&](auto element, auto) {
     using T = decltype(element);
     const size_t bytes = stage_bytes(p, 16 / static_cast<int>(sizeof(T)));
+    const dim3 block(block_threads(p, 16 / static_cast<int>(sizeof(T))));
     if (p.wire == static_cast<int32_t>(core::WireFormat::E4M3FN))
-      return launch_kernel_shared(ulysses_send_kernel<T, 1>, grid, dim3(kThreads), bytes, stream, p, ptr);
+      return launch_kernel_shared(ulysses_send_kernel<T, 1>, grid, block, bytes, stream, p, ptr);
     if (p.wire == static_cast<int32_t>(core::WireFormat::E5M2))
-      return launch_kernel_shared(ulysses_send_kernel<T, 2>, grid, dim3(kThreads), bytes, stream, p, ptr);
-    return launch_kernel_shared(ulysses_send_kernel<T, 0>, grid, dim3(kThreads), bytes, stream, p, ptr);
+      return launch_kernel_shared(ulysses_send_kernel<T, 2>, grid, block, bytes, stream, p, ptr);
+    return launch_kernel_shared(ulysses_send_kernel<T, 0>, grid, block, bytes, stream, p, ptr);
   });
 }
 
