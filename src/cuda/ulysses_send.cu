@@ -25,7 +25,7 @@ using namespace rope;
 // round), other rows the fewest warps that keep the rounds they need (Flux's 384 groups: 2 rounds of 192, not 256).
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// Blocks per SM the registers must allow: plain rows 5 (48 registers, 40 bytes spilled), fp8 rows 4 (62; at 5 they
+// Blocks per SM the registers must allow: plain rows 5 (48 registers, 28 bytes spilled), fp8 rows 4 (64; at 5 they
 // spill). A round's group is read from shared memory where it is needed, none held across rounds.
 template <int Wire>
 constexpr int kMinBlocks = Wire == 0 ? 5 : 4;
@@ -49,17 +49,30 @@ __device__ __forceinline__ int64_t send_row(const UlyssesSendParams& p, const Ro
   return (d * p.S + r.s) * p.B + r.b;
 }
 
+// h / n for a row's heads by a multiply-high with ceil(2^32 / n): exact for h, n < 2^16 (the plan allows 1024
+// groups of q or k a row); the kernel makes one per divisor at its start, in place of an integer division per group.
+struct HeadDivisor {
+  unsigned n, magic;
+  __device__ explicit HeadDivisor(int n_) : n(static_cast<unsigned>(n_)), magic(n > 1 ? 0xffffffffu / n + 1 : 0) {}
+  __device__ __forceinline__ int operator()(int h) const {
+    return n > 1 ? static_cast<int>(__umulhi(static_cast<unsigned>(h), magic)) : h;
+  }
+};
+struct Divisors {
+  HeadDivisor q, kv;
+};
+
 // Writes group g of head h (q when is_q, else a kv head at slot offset `kv_slot`: 0 for k, local_kv for v) to each
 // destination that takes it: plain (Wire 0), or as fp8 wire bytes with the head's scale. Every lane of the warp
-// calls it (the head's largest magnitude is a shuffle over its gph lanes); `active` lanes hold a group.
+// calls it (the head's largest magnitude is a reduction over its gph lanes); `active` lanes hold a group.
 template <typename T, int G, int Wire>
-__device__ __forceinline__ void put(const UlyssesSendParams& p, void* send, const Row& r, bool is_q, int h, int within,
-                                    int kv_slot, const Group<T, G>& g, bool active) {
+__device__ __forceinline__ void put(const UlyssesSendParams& p, const Divisors& div, void* send, const Row& r,
+                                    bool is_q, int h, int within, int kv_slot, const Group<T, G>& g, bool active) {
   int d0 = 0, count = 1, slot = 0;
   if (is_q) {
-    d0 = h / p.local_q, slot = h - d0 * p.local_q;
+    d0 = div.q(h), slot = h - d0 * p.local_q;
   } else if (p.kv_heads >= p.world) {
-    d0 = h / p.local_kv, slot = p.local_q + kv_slot + h - d0 * p.local_kv;
+    d0 = div.kv(h), slot = p.local_q + kv_slot + h - d0 * p.local_kv;
   } else {  // kv head h goes to every destination of its replicas
     count = p.world / p.kv_heads, d0 = h * count, slot = p.local_q + kv_slot;
   }
@@ -124,9 +137,9 @@ __device__ __forceinline__ float norm_inv(float ss, int n, float eps) {
 
 // q (or k) of the row: loaded, normalized, rotated, written.
 template <typename T, int G, int Wire>
-__device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const UlyssesSendPointers& ptr, const Row& r,
-                                              bool is_q, const float2 (&cs)[G], const uint4* stage,
-                                              float (*sums)[kWarps]) {
+__device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const Divisors& div,
+                                              const UlyssesSendPointers& ptr, const Row& r, bool is_q,
+                                              const float2 (&cs)[G], const uint4* stage, float (*sums)[kWarps]) {
   const int heads = is_q ? p.heads : p.kv_heads;
   const int norm = is_q ? p.norm_q : p.norm_k;
   const void* weight = r.s < p.text_rows ? (is_q ? ptr.q_text_weight : ptr.k_text_weight)
@@ -154,12 +167,13 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
 #pragma unroll
   for (int k = 0; k < kRounds; ++k) inv[k] = 1.f;
   if (norm == core::kSendNormHead) {
+    const float inv_head_dim = 1.f / static_cast<float>(p.head_dim);  // a power of two: s * it is s / head_dim exactly
 #pragma unroll
     for (int k = 0; k < kRounds; ++k) {
       if (k >= rounds) break;
       float s = group_squares(staged(k));
       for (int off = 1; off < gph; off *= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
-      inv[k] = norm_inv(s, p.head_dim, p.eps);
+      inv[k] = rcp_sqrt_rn(__fadd_rn(__fmul_rn(s, inv_head_dim), p.eps));
     }
   } else if (norm == core::kSendNormToken) {
     const int padded_rounds = max(1, (is_q ? p.padded_q : p.padded_k) / (kThreads * G));
@@ -222,7 +236,7 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
         g.set2(j, rotate_first(v.x, v.y, cs[j]), rotate_second(v.x, v.y, cs[j]));
       }
     }
-    put<T, G, Wire>(p, ptr.send, r, is_q, h, within, 0, g, active);
+    put<T, G, Wire>(p, div, ptr.send, r, is_q, h, within, 0, g, active);
   }
 }
 
@@ -236,6 +250,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
   const Row r{row / p.B, row - (row / p.B) * p.B};
   const int gph = p.head_dim / G, gph_shift = __ffs(gph) - 1, gq = p.heads * gph, gk = p.kv_heads * gph;
   const bool staged_v = stages_v(p, G);
+  const Divisors div{HeadDivisor(p.local_q), HeadDivisor(p.local_kv)};
   const T* v = static_cast<const T*>(ptr.v) + r.b * p.v_b + r.s * p.v_s;
   wait_for_prior_kernels();
   stage_row<T, G>(stage, static_cast<const T*>(ptr.q) + r.b * p.q_b + r.s * p.q_s, p.q_h, gq, gph_shift);
@@ -257,9 +272,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
       row_cos_sin<G / 2>(cs_row + within / 2, half, row_ok, reinterpret_cast<float2(&)[G / 2]>(cs));
   }
   wait_async_copies_but<2>();  // q's copies
-  norm_rope_put<T, G, Wire>(p, ptr, r, true, cs, stage, sums);
+  norm_rope_put<T, G, Wire>(p, div, ptr, r, true, cs, stage, sums);
   wait_async_copies_but<1>();  // k's
-  norm_rope_put<T, G, Wire>(p, ptr, r, false, cs, stage + gq, sums);
+  norm_rope_put<T, G, Wire>(p, div, ptr, r, false, cs, stage + gq, sums);
   let_next_kernel_start();
   wait_async_copies_but<0>();  // v's
   const int groups = gk;
@@ -276,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
     else
 #pragma unroll
       for (int i = 0; i < G; ++i) g.e[i] = from_float<T>(0.f);
-    put<T, G, Wire>(p, ptr.send, r, false, h, at, p.kv_heads >= p.world ? p.local_kv : 1, g, active);
+    put<T, G, Wire>(p, div, ptr.send, r, false, h, at, p.kv_heads >= p.world ? p.local_kv : 1, g, active);
   }
   if (Wire != 0) {  // each destination row's zero padding after its scales
     const int64_t used = int64_t{p.n} * p.head_dim + 4 * p.n;
