@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
   wait_async_copies_but<0>();  // v's
   const int groups = gk;
   for (int base = 0; base < groups;
-       base += static_cast<int>(blockDim.x)) {  // every lane of a warp in every round (put's shuffles)
+       base += static_cast<int>(blockDim.x)) {  // every lane of a warp in every round (put's reductions)
     const int gi = base + static_cast<int>(threadIdx.x);
     const bool active = gi < groups;
     const int h = active ? gi >> gph_shift : 0, at = active ? (gi - h * gph) * G : 0;
