@@ -44,7 +44,7 @@ __device__ __forceinline__ void quantize_unit(const Unit& raw, bool has, unsigne
   for (int i = 0; i < N; ++i) f[i] = to_float(e[i]);
   // The lanes of one block are consecutive and aligned (a plan row holds
   // whole blocks, and blocks of threads hold whole rows' units in order);
-  // every lane of the warp shuffles, with or without a unit.
+  // every lane of the warp takes part in the reduction, with or without a unit.
   const float amax = fp8_wire::block_amax<T, N>(e, lanes);
   if (!has) return;
   float scale, inv;
