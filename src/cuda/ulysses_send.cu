@@ -25,8 +25,8 @@ using namespace rope;
 // round), other rows the fewest warps that keep the rounds they need (Flux's 384 groups: 2 rounds of 192, not 256).
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// Blocks per SM the registers must allow: plain rows 5 (48 registers, 28 bytes spilled), fp8 rows 4 (64; at 5 they
-// spill). A round's group is read from shared memory where it is needed, none held across rounds.
+// Blocks per SM the registers must allow: plain rows 5 (48 registers), fp8 rows 4 (64; at 5 they spill). A round's
+// group is read from shared memory where it is needed, none held across rounds.
 template <int Wire>
 constexpr int kMinBlocks = Wire == 0 ? 5 : 4;
 constexpr int kRounds = 4;  // a tensor's row of up to 4 * 256 groups (bf16: 8192 values, Wan 2.1-14B's 5120)
@@ -40,8 +40,10 @@ __host__ __device__ __forceinline__ int stage_bytes(const UlyssesSendParams& p, 
   return (p.heads + (stages_v(p, G) ? 2 : 1) * p.kv_heads) * (p.head_dim / G) * 16;
 }
 
-struct Row {
+struct Row {  // the send row (s, b)
   int64_t s, b;
+  unsigned char* base;  // the row's start in destination 0's part of the send buffer
+  int64_t stride;       // bytes between destinations' parts
 };
 
 // The send row of destination d for row (s, b): its index among the buffer's world * S * B rows.
@@ -66,8 +68,8 @@ struct Divisors {
 // destination that takes it: plain (Wire 0), or as fp8 wire bytes with the head's scale. Every lane of the warp
 // calls it (the head's largest magnitude is a reduction over its gph lanes); `active` lanes hold a group.
 template <typename T, int G, int Wire>
-__device__ __forceinline__ void put(const UlyssesSendParams& p, const Divisors& div, void* send, const Row& r,
-                                    bool is_q, int h, int within, int kv_slot, const Group<T, G>& g, bool active) {
+__device__ __forceinline__ void put(const UlyssesSendParams& p, const Divisors& div, const Row& r, bool is_q, int h,
+                                    int within, int kv_slot, const Group<T, G>& g, bool active) {
   int d0 = 0, count = 1, slot = 0;
   if (is_q) {
     d0 = div.q(h), slot = h - d0 * p.local_q;
@@ -79,7 +81,7 @@ __device__ __forceinline__ void put(const UlyssesSendParams& p, const Divisors& 
   if constexpr (Wire == 0) {
     if (!active) return;
     for (int d = d0; d < d0 + count; ++d)
-      g.store(static_cast<T*>(send) + (send_row(p, r, d) * p.n + slot) * p.head_dim + within);
+      g.store(reinterpret_cast<T*>(r.base + d * r.stride) + slot * p.head_dim + within);
   } else {
     constexpr auto F = static_cast<core::WireFormat>(Wire);
     float f[G];
@@ -97,7 +99,7 @@ __device__ __forceinline__ void put(const UlyssesSendParams& p, const Divisors& 
       words[i / 4] = lo | (hi << 16);
     }
     for (int d = d0; d < d0 + count; ++d) {
-      unsigned char* row = static_cast<unsigned char*>(send) + send_row(p, r, d) * p.row_bytes;
+      unsigned char* row = r.base + d * r.stride;
       if constexpr (G == 8)
         *reinterpret_cast<uint2*>(row + slot * p.head_dim + within) = make_uint2(words[0], words[1]);
       else
@@ -201,14 +203,26 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
     const int h = gi >> gph_shift;
     Group<T, G> g = staged(k);
     if (norm != core::kSendNoNorm && active) {
-      float w[G];  // 16-byte loads (the plan checks the weights' alignment)
-      weights16<T>(weight, p.weight_f32, norm == core::kSendNormHead ? within : h * p.head_dim + within, w);
-      if (p.offset == 0.f) {
-        normalize_with<kNormRoundThenWeight>(g, [&](int i) { return w[i]; }, inv[k]);
-      } else {
+      const int at = norm == core::kSendNormHead ? within : h * p.head_dim + within;  // 16-byte aligned (the plan)
+      bool paired = false;
+      if constexpr (sizeof(T) == 2) {
+        if (!p.weight_f32 && p.offset == 0.f) {  // 2-byte weights as loaded: one paired multiply a pair
+          Group<T, G> w;
+          w.load(static_cast<const T*>(weight) + at);
+          normalize_round_then_t_weight(g, w, inv[k]);
+          paired = true;
+        }
+      }
+      if (!paired) {
+        float w[G];
+        weights16<T>(weight, p.weight_f32, at, w);
+        if (p.offset == 0.f) {
+          normalize_with<kNormRoundThenWeight>(g, [&](int i) { return w[i]; }, inv[k]);
+        } else {
 #pragma unroll
-        for (int i = 0; i < G; ++i) w[i] = __fadd_rn(p.offset, w[i]);
-        normalize_with<kNormOffsetWeight>(g, [&](int i) { return w[i]; }, inv[k]);
+          for (int i = 0; i < G; ++i) w[i] = __fadd_rn(p.offset, w[i]);
+          normalize_with<kNormOffsetWeight>(g, [&](int i) { return w[i]; }, inv[k]);
+        }
       }
     }
     if (p.is_neox) {
@@ -236,7 +250,7 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
         g.set2(j, rotate_first(v.x, v.y, cs[j]), rotate_second(v.x, v.y, cs[j]));
       }
     }
-    put<T, G, Wire>(p, div, ptr.send, r, is_q, h, within, 0, g, active);
+    put<T, G, Wire>(p, div, r, is_q, h, within, 0, g, active);
   }
 }
 
@@ -247,7 +261,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
   __shared__ float sums[kRounds][kWarps];
   extern __shared__ uint4 stage[];  // the row's q groups, then k's, then v's (where they fit)
   const int64_t row = blockIdx.x;
-  const Row r{row / p.B, row - (row / p.B) * p.B};
+  const int64_t unit = Wire == 0 ? int64_t{p.n} * p.head_dim * static_cast<int64_t>(sizeof(T)) : p.row_bytes;
+  const Row r{row / p.B, row - (row / p.B) * p.B, static_cast<unsigned char*>(ptr.send) + row * unit, p.S * p.B * unit};
   const int gph = p.head_dim / G, gph_shift = __ffs(gph) - 1, gq = p.heads * gph, gk = p.kv_heads * gph;
   const bool staged_v = stages_v(p, G);
   const Divisors div{HeadDivisor(p.local_q), HeadDivisor(p.local_kv)};
@@ -291,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
     else
 #pragma unroll
       for (int i = 0; i < G; ++i) g.e[i] = from_float<T>(0.f);
-    put<T, G, Wire>(p, div, ptr.send, r, false, h, at, p.kv_heads >= p.world ? p.local_kv : 1, g, active);
+    put<T, G, Wire>(p, div, r, false, h, at, p.kv_heads >= p.world ? p.local_kv : 1, g, active);
   }
   if (Wire != 0) {  // each destination row's zero padding after its scales
     const int64_t used = int64_t{p.n} * p.head_dim + 4 * p.n;

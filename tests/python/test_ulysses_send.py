@@ -57,6 +57,28 @@ def test_equals_the_chain(dtype, B, S, H, Hkv, D, world, norm, rope, is_neox, pa
 
 
 @CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("B, S, H, Hkv, D, world", SHAPES[:3])
+@pytest.mark.parametrize("norm", ["head", "token"])
+@pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_weights_in_the_inputs_dtype_equal_the_chain(dtype, B, S, H, Hkv, D, world, norm, is_neox, offset):
+    """Norm weights in q's dtype (as models keep them), with and without an offset: bit for bit the chain."""
+    g = torch.Generator(device="cuda").manual_seed(B * 100 + H)
+    fused = torch.randn(B, S, (H + 2 * Hkv) * D, device="cuda", generator=g).to(dtype)
+    q, k, v = (t.unflatten(-1, (-1, D)) for t in fused.split([H * D, Hkv * D, Hkv * D], dim=-1))
+    angle = torch.rand(S, D // 2, device="cuda", generator=g) * 100
+    cos_sin = torch.cat([angle.cos(), angle.sin()], dim=1)
+    qw, kw = (
+        (torch.randn(D if norm == "head" else h * D, device="cuda", generator=g) * 0.3).to(dtype) for h in (H, Hkv)
+    )
+    args = (q, k, v, world, qw, kw, 1e-6, offset, cos_sin, None, D, is_neox)
+    want = chain(*args)
+    got = _C._ulysses_send(*args)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+@CUDA
 @pytest.mark.parametrize("wire_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("B, S, H, Hkv, D, world", SHAPES)
