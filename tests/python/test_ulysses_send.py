@@ -79,6 +79,26 @@ def test_weights_in_the_inputs_dtype_equal_the_chain(dtype, B, S, H, Hkv, D, wor
 
 
 @CUDA
+@pytest.mark.parametrize("B, S, H, world, norm", [(1, 9450, 40, 8, "token"), (1, 2304, 24, 2, "head")])
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_model_sized_grids_equal_the_chain(B, S, H, world, norm, weight_dtype):
+    """Wan 2.1-14B 720p / 8 and Flux 1024^2 / 2 per rank: thousands of blocks resident at once, where a block
+    reading shared memory that another of its threads wrote without a barrier shows; bit for bit the chain."""
+    D = 128
+    g = torch.Generator(device="cuda").manual_seed(S)
+    fused = torch.randn(B, S, 3 * H * D, device="cuda", generator=g).to(torch.bfloat16)
+    q, k, v = (t.unflatten(-1, (H, D)) for t in fused.split(H * D, dim=-1))
+    angle = torch.rand(S, D // 2, device="cuda", generator=g) * 100
+    cos_sin = torch.cat([angle.cos(), angle.sin()], dim=1)
+    n = D if norm == "head" else H * D
+    qw, kw = ((1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(weight_dtype) for _ in range(2))
+    args = (q, k, v, world, qw, kw, 1e-6, 0.0, cos_sin, None, D, False)
+    want = chain(*args)
+    got = _C._ulysses_send(*args)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+@CUDA
 @pytest.mark.parametrize("wire_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("B, S, H, Hkv, D, world", SHAPES)
