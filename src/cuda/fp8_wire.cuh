@@ -38,14 +38,11 @@ __device__ __forceinline__ float block_amax(const T* e, unsigned lanes) {
 #pragma unroll
     for (int i = 0; i < N; ++i) amax = nan_max(amax, fabsf(static_cast<float>(e[i])));
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  // a magnitude's bits order as unsigned ints (NaN, sign cleared, above infinity): one warp reduction over the block
-  const unsigned lane = threadIdx.x & 31u;
-  const unsigned mask = lanes >= 32 ? 0xffffffffu : ((1u << lanes) - 1u) << (lane & ~(lanes - 1u));
-  amax = __uint_as_float(__reduce_max_sync(mask, __float_as_uint(fabsf(amax))));
-#else
-  for (unsigned o = lanes / 2; o > 0; o /= 2) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-#endif
+  // a magnitude's bits order as unsigned ints (NaN, sign cleared, above infinity): a butterfly over the block's lanes
+  // (__reduce_max_sync with a mask per block runs once per distinct mask in the warp)
+  unsigned bits = __float_as_uint(fabsf(amax));
+  for (unsigned o = 1; o < lanes; o *= 2) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, o));
+  amax = __uint_as_float(bits);
   return amax;
 }
 

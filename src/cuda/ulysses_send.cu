@@ -1,12 +1,14 @@
 // The Ulysses send side in one pass: a block per send row (s, b). The row's q, k and v groups (16 bytes each) are
 // copied to shared memory at once (cp.async: no registers held in flight, each thread reads back its own copies),
-// then q and k go through registers a round of the block's threads at a time; the norm's pairwise sum runs over groups,
-// lanes, warps and rounds (per token) or a head's lanes (per head); a thread holds the same elements of a head in every
-// round (its cos/sin read once per row); every group is written once (a replicated kv head once per destination).
+// then q and k go through registers a round of the block's threads at a time, each thread a unit of one group or (GPT-J
+// rows) two adjacent ones; the norm's pairwise sum runs over units, lanes, warps and rounds (per token) or a head's
+// lanes (per head); a thread holds the same elements of a head in every round (its cos/sin read once per row); every
+// group is written once (a replicated kv head once per destination).
 #include "cuda/ulysses_send.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/block_sum.cuh"
 #include "cuda/fp8_wire.cuh"
@@ -21,15 +23,18 @@ namespace {
 
 using core::UlyssesSendParams;
 using namespace rope;
-// At most 256 threads a block; a per-token norm takes all 256 (its pairwise sum spans a power of two of groups a
-// round), other rows the fewest warps that keep the rounds they need (Flux's 384 groups: 2 rounds of 192, not 256).
+// At most 256 threads a block; a per-token norm takes all 256 (its pairwise sum spans a power of two of units a
+// round), other rows the fewest warps that keep the rounds they need (Flux's 192 units: 1 round of 192, not 256).
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// Blocks per SM the registers must allow: plain rows 5 (48 registers), fp8 rows 4 (64; at 5 they spill). A round's
-// group is read from shared memory where it is needed, none held across rounds.
-template <int Wire>
-constexpr int kMinBlocks = Wire == 0 ? 5 : 4;
-constexpr int kRounds = 4;  // a tensor's row of up to 4 * 256 groups (bf16: 8192 values, Wan 2.1-14B's 5120)
+// Blocks per SM the registers must allow, by the unit's groups U: plain rows of one 5 (48 registers), any other 4 (64;
+// fp8 with U 2 spills 12 bytes, and 3 blocks, spill-free, measured slower). A round's unit is read from shared memory
+// where it is needed, none held across rounds.
+template <int Wire, int U>
+constexpr int kMinBlocks = U == 2      ? 4
+                           : Wire == 0 ? 5
+                                       : 4;
+constexpr int kRounds = 4;  // a tensor's row of up to 4 * 256 units (bf16: 8192 values, Wan 2.1-14B's 5120)
 // Shared memory for the row's staged groups without an opt-in (48 KB, less the norm's sums): q's and k's always; v's
 // where they fit too (else v is read straight into registers).
 constexpr int kStageBytes = 48 * 1024 - kRounds * kWarps * 4;
@@ -64,9 +69,29 @@ struct Divisors {
   HeadDivisor q, kv;
 };
 
-// Writes group g of head h (q when is_q, else a kv head at slot offset `kv_slot`: 0 for k, local_kv for v) to each
+// A thread's unit of a head: N elements, N * sizeof(T) a multiple of 16 bytes, moved 16 bytes at a time.
+template <typename T, int N>
+__device__ __forceinline__ void load16s(Group<T, N>& g, const T* at) {
+#pragma unroll
+  for (int j = 0; j < N * static_cast<int>(sizeof(T)) / 16; ++j)
+    reinterpret_cast<uint4*>(g.e)[j] = __ldg(reinterpret_cast<const uint4*>(at) + j);
+}
+template <typename T, int N>
+__device__ __forceinline__ void store16s(const Group<T, N>& g, T* at) {
+#pragma unroll
+  for (int j = 0; j < N * static_cast<int>(sizeof(T)) / 16; ++j)
+    reinterpret_cast<uint4*>(at)[j] = reinterpret_cast<const uint4*>(g.e)[j];
+}
+template <typename T, int N>
+__device__ __forceinline__ void read_stage(Group<T, N>& g, const uint4* stage, int unit) {
+  constexpr int V = N * static_cast<int>(sizeof(T)) / 16;
+#pragma unroll
+  for (int j = 0; j < V; ++j) reinterpret_cast<uint4*>(g.e)[j] = stage[unit * V + j];
+}
+
+// Writes unit g of head h (q when is_q, else a kv head at slot offset `kv_slot`: 0 for k, local_kv for v) to each
 // destination that takes it: plain (Wire 0), or as fp8 wire bytes with the head's scale. Every lane of the warp
-// calls it (the head's largest magnitude is a reduction over its gph lanes); `active` lanes hold a group.
+// calls it (the head's largest magnitude is a reduction over its head_dim / G lanes); `active` lanes hold a unit.
 template <typename T, int G, int Wire>
 __device__ __forceinline__ void put(const UlyssesSendParams& p, const Divisors& div, const Row& r, bool is_q, int h,
                                     int within, int kv_slot, const Group<T, G>& g, bool active) {
@@ -81,7 +106,7 @@ __device__ __forceinline__ void put(const UlyssesSendParams& p, const Divisors& 
   if constexpr (Wire == 0) {
     if (!active) return;
     for (int d = d0; d < d0 + count; ++d)
-      g.store(reinterpret_cast<T*>(r.base + d * r.stride) + slot * p.head_dim + within);
+      store16s(g, reinterpret_cast<T*>(r.base + d * r.stride) + slot * p.head_dim + within);
   } else {
     constexpr auto F = static_cast<core::WireFormat>(Wire);
     float f[G];
@@ -100,7 +125,10 @@ __device__ __forceinline__ void put(const UlyssesSendParams& p, const Divisors& 
     }
     for (int d = d0; d < d0 + count; ++d) {
       unsigned char* row = r.base + d * r.stride;
-      if constexpr (G == 8)
+      if constexpr (G == 16)
+        *reinterpret_cast<uint4*>(row + slot * p.head_dim + within) =
+            make_uint4(words[0], words[1], words[2], words[3]);
+      else if constexpr (G == 8)
         *reinterpret_cast<uint2*>(row + slot * p.head_dim + within) = make_uint2(words[0], words[1]);
       else
         *reinterpret_cast<uint32_t*>(row + slot * p.head_dim + within) = words[0];
@@ -121,13 +149,18 @@ __device__ __forceinline__ void row_cos_sin(const float* at, int half, bool row_
   }
 }
 
-// Starts the copies of a tensor's row (`groups` 16-byte groups, heads `sh` elements apart) to `stage`, and commits
-// them as one group (empty where there is nothing to copy, so every thread commits the same count).
-template <typename T, int G>
-__device__ __forceinline__ void stage_row(uint4* stage, const T* row, int64_t sh, int groups, int gph_shift) {
-  for (int gi = static_cast<int>(threadIdx.x); gi < groups; gi += static_cast<int>(blockDim.x)) {
-    const int h = gi >> gph_shift;
-    copy_async_streaming(stage + gi, row + h * sh + (gi - (h << gph_shift)) * G);
+// Starts the copies of a tensor's row (`units` units of U 16-byte groups, heads `sh` elements apart, a 16-byte
+// group's index shifted by g16_shift its head) to `stage`, each thread the units it works (it reads back only its own
+// copies: no barrier), and commits them as one group (empty where there is nothing to copy: every thread commits).
+template <typename T, int U>
+__device__ __forceinline__ void stage_row(uint4* stage, const T* row, int64_t sh, int units, int g16_shift) {
+  constexpr int G16 = 16 / static_cast<int>(sizeof(T));
+  for (int ui = static_cast<int>(threadIdx.x); ui < units; ui += static_cast<int>(blockDim.x)) {
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int gi = ui * U + j, h = gi >> g16_shift;
+      copy_async_streaming(stage + gi, row + h * sh + (gi - (h << g16_shift)) * G16);
+    }
   }
   commit_async_copies();
 }
@@ -138,33 +171,34 @@ __device__ __forceinline__ float norm_inv(float ss, int n, float eps) {
 }
 
 // q (or k) of the row: loaded, normalized, rotated, written.
-template <typename T, int G, int Wire>
+template <typename T, int G, int Wire, int kCs>
 __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const Divisors& div,
                                               const UlyssesSendPointers& ptr, const Row& r, bool is_q,
-                                              const float2 (&cs)[G], const uint4* stage, float (*sums)[kWarps]) {
+                                              const float2 (&cs)[kCs], const uint4* stage, float (*sums)[kWarps]) {
+  constexpr bool kNeox = kCs == G;  // units of two groups only for GPT-J rows (their cos/sin take half the registers)
   const int heads = is_q ? p.heads : p.kv_heads;
   const int norm = is_q ? p.norm_q : p.norm_k;
   const void* weight = r.s < p.text_rows ? (is_q ? ptr.q_text_weight : ptr.k_text_weight)
                                          : (is_q ? ptr.q_norm_weight : ptr.k_norm_weight);
-  const int gph = p.head_dim / G;  // groups per head: a power of two up to 32
-  const int gph_shift = __ffs(gph) - 1;
-  const int groups = heads * gph;
-  const int threads = static_cast<int>(blockDim.x), rounds = (groups + threads - 1) / threads;
+  const int uph = p.head_dim / G;  // units per head: a power of two up to 32
+  const int uph_shift = __ffs(uph) - 1;
+  const int units = heads * uph;
+  const int threads = static_cast<int>(blockDim.x), rounds = (units + threads - 1) / threads;
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) / 32;
-  // a round's group, read from the staged row twice (the norm's sum, then the work): no registers held across rounds
+  // a round's unit, read from the staged row twice (the norm's sum, then the work): no registers held across rounds
   const auto staged = [&](int k) {
     Group<T, G> g;
-    const int gi = k * threads + static_cast<int>(threadIdx.x);
-    if (gi < groups) {
-      *reinterpret_cast<uint4*>(g.e) = stage[gi];
+    const int ui = k * threads + static_cast<int>(threadIdx.x);
+    if (ui < units) {
+      read_stage(g, stage, ui);
     } else {
 #pragma unroll
       for (int i = 0; i < G; ++i) g.e[i] = from_float<T>(0.f);
     }
     return g;
   };
-  // the thread's elements of a head are the same in every round (the block's threads are a multiple of gph)
-  const int within = (static_cast<int>(threadIdx.x) & (gph - 1)) * G;
+  // the thread's elements of a head are the same in every round (the block's threads are a multiple of uph)
+  const int within = (static_cast<int>(threadIdx.x) & (uph - 1)) * G;
   float inv[kRounds];
 #pragma unroll
   for (int k = 0; k < kRounds; ++k) inv[k] = 1.f;
@@ -174,7 +208,7 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
     for (int k = 0; k < kRounds; ++k) {
       if (k >= rounds) break;
       float s = group_squares(staged(k));
-      for (int off = 1; off < gph; off *= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
+      for (int off = 1; off < uph; off *= 2) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, off));
       inv[k] = rcp_sqrt_rn(__fadd_rn(__fmul_rn(s, inv_head_dim), p.eps));
     }
   } else if (norm == core::kSendNormToken) {
@@ -194,13 +228,13 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
     __syncthreads();  // sums is reused by the next tensor
   }
   const int half = p.rotary_dim / 2;
-  const int partner = p.is_neox ? half / G : 0;  // NeoX: lanes apart of a pair's groups (a power of two)
+  const int partner = p.is_neox ? half / G : 0;  // NeoX: lanes apart of a pair's units (a power of two)
 #pragma unroll
   for (int k = 0; k < kRounds; ++k) {
     if (k >= rounds) break;
-    const int gi = k * threads + static_cast<int>(threadIdx.x);
-    const bool active = gi < groups;
-    const int h = gi >> gph_shift;
+    const int ui = k * threads + static_cast<int>(threadIdx.x);
+    const bool active = ui < units;
+    const int h = ui >> uph_shift;
     Group<T, G> g = staged(k);
     if (norm != core::kSendNoNorm && active) {
       const int at = norm == core::kSendNormHead ? within : h * p.head_dim + within;  // 16-byte aligned (the plan)
@@ -208,7 +242,7 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
       if constexpr (sizeof(T) == 2) {
         if (!p.weight_f32 && p.offset == 0.f) {  // 2-byte weights as loaded: one paired multiply a pair
           Group<T, G> w;
-          w.load(static_cast<const T*>(weight) + at);
+          load16s(w, static_cast<const T*>(weight) + at);
           normalize_round_then_t_weight(g, w, inv[k]);
           paired = true;
         }
@@ -225,20 +259,17 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
         }
       }
     }
-    if (p.is_neox) {
-      Group<T, G> other;  // the pair's other group, `partner` lanes away (every lane takes part)
-      const uint4 mine = *reinterpret_cast<const uint4*>(g.e);
-      uint4 theirs;
-      theirs.x = __shfl_xor_sync(0xffffffffu, mine.x, partner);
-      theirs.y = __shfl_xor_sync(0xffffffffu, mine.y, partner);
-      theirs.z = __shfl_xor_sync(0xffffffffu, mine.z, partner);
-      theirs.w = __shfl_xor_sync(0xffffffffu, mine.w, partner);
-      *reinterpret_cast<uint4*>(other.e) = theirs;
+    if (kNeox && p.is_neox) {
+      Group<T, G> other;  // the pair's other unit, `partner` lanes away (every lane takes part)
+#pragma unroll
+      for (int j = 0; j < G * static_cast<int>(sizeof(T)) / 4; ++j)
+        reinterpret_cast<uint32_t*>(other.e)[j] =
+            __shfl_xor_sync(0xffffffffu, reinterpret_cast<const uint32_t*>(g.e)[j], partner);
       if (active && within < p.rotary_dim) {
         const bool first = within < half;
 #pragma unroll
         for (int i = 0; i < G; ++i) {
-          const float2 c = cs[i];
+          const float2 c = cs[i % kCs];  // kCs is G where NeoX runs
           const float a = to_float(first ? g.e[i] : other.e[i]), b = to_float(first ? other.e[i] : g.e[i]);
           g.e[i] = from_float<T>(first ? rotate_first(a, b, c) : rotate_second(a, b, c));
         }
@@ -254,23 +285,25 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
   }
 }
 
-template <typename T, int Wire>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
+template <typename T, int Wire, int U>
+__global__ void __launch_bounds__(kThreads, kMinBlocks<Wire, U>)
     ulysses_send_kernel(const UlyssesSendParams p, const UlyssesSendPointers ptr) {
-  constexpr int G = 16 / sizeof(T);
+  constexpr int G16 = 16 / sizeof(T), G = U * G16;  // a 16-byte group's elements; a thread's unit's (U groups)
+  constexpr int kCs = U == 1 ? G : G / 2;
   __shared__ float sums[kRounds][kWarps];
   extern __shared__ uint4 stage[];  // the row's q groups, then k's, then v's (where they fit)
   const int64_t row = blockIdx.x;
   const int64_t unit = Wire == 0 ? int64_t{p.n} * p.head_dim * static_cast<int64_t>(sizeof(T)) : p.row_bytes;
   const Row r{row / p.B, row - (row / p.B) * p.B, static_cast<unsigned char*>(ptr.send) + row * unit, p.S * p.B * unit};
-  const int gph = p.head_dim / G, gph_shift = __ffs(gph) - 1, gq = p.heads * gph, gk = p.kv_heads * gph;
-  const bool staged_v = stages_v(p, G);
+  const int g16ph = p.head_dim / G16, g16_shift = __ffs(g16ph) - 1;
+  const int uph = p.head_dim / G, uph_shift = __ffs(uph) - 1, gq = p.heads * uph, gk = p.kv_heads * uph;
+  const bool staged_v = stages_v(p, G16);
   const Divisors div{HeadDivisor(p.local_q), HeadDivisor(p.local_kv)};
   const T* v = static_cast<const T*>(ptr.v) + r.b * p.v_b + r.s * p.v_s;
   wait_for_prior_kernels();
-  stage_row<T, G>(stage, static_cast<const T*>(ptr.q) + r.b * p.q_b + r.s * p.q_s, p.q_h, gq, gph_shift);
-  stage_row<T, G>(stage + gq, static_cast<const T*>(ptr.k) + r.b * p.k_b + r.s * p.k_s, p.k_h, gk, gph_shift);
-  stage_row<T, G>(stage + gq + gk, v, p.v_h, staged_v ? gk : 0, gph_shift);
+  stage_row<T, U>(stage, static_cast<const T*>(ptr.q) + r.b * p.q_b + r.s * p.q_s, p.q_h, gq, g16_shift);
+  stage_row<T, U>(stage + gq * U, static_cast<const T*>(ptr.k) + r.b * p.k_b + r.s * p.k_s, p.k_h, gk, g16_shift);
+  stage_row<T, U>(stage + (gq + gk) * U, v, p.v_h, staged_v ? gk : 0, g16_shift);
   // the row's cos/sin
   int64_t table_row = p.rows_kind == core::kSendRowsShared ? r.s : r.b * p.S + r.s;
   if (p.rows_kind == core::kSendPositions)
@@ -278,31 +311,31 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
   const bool row_ok = table_row >= 0 && table_row < p.table_rows;
   const float* cs_row = ptr.cos_sin + (row_ok ? table_row : 0) * p.table_stride;
   // the thread's (cos, sin) for q and k in every round: NeoX G frequencies from its place in the half, GPT-J G / 2
-  const int within = (static_cast<int>(threadIdx.x) & (gph - 1)) * G, half = p.rotary_dim / 2;
-  float2 cs[G];
+  const int within = (static_cast<int>(threadIdx.x) & (uph - 1)) * G, half = p.rotary_dim / 2;
+  float2 cs[kCs];
   if (within < p.rotary_dim) {
-    if (p.is_neox)
-      row_cos_sin<G>(cs_row + (within < half ? within : within - half), half, row_ok, cs);
+    if (U == 1 && p.is_neox)
+      row_cos_sin<kCs>(cs_row + (within < half ? within : within - half), half, row_ok, cs);
     else
       row_cos_sin<G / 2>(cs_row + within / 2, half, row_ok, reinterpret_cast<float2(&)[G / 2]>(cs));
   }
   wait_async_copies_but<2>();  // q's copies
-  norm_rope_put<T, G, Wire>(p, div, ptr, r, true, cs, stage, sums);
+  norm_rope_put<T, G, Wire, kCs>(p, div, ptr, r, true, cs, stage, sums);
   wait_async_copies_but<1>();  // k's
-  norm_rope_put<T, G, Wire>(p, div, ptr, r, false, cs, stage + gq, sums);
+  norm_rope_put<T, G, Wire, kCs>(p, div, ptr, r, false, cs, stage + gq * U, sums);
   let_next_kernel_start();
   wait_async_copies_but<0>();  // v's
-  const int groups = gk;
-  for (int base = 0; base < groups;
+  const int units = gk;
+  for (int base = 0; base < units;
        base += static_cast<int>(blockDim.x)) {  // every lane of a warp in every round (put's reductions)
-    const int gi = base + static_cast<int>(threadIdx.x);
-    const bool active = gi < groups;
-    const int h = active ? gi >> gph_shift : 0, at = active ? (gi - h * gph) * G : 0;
+    const int ui = base + static_cast<int>(threadIdx.x);
+    const bool active = ui < units;
+    const int h = active ? ui >> uph_shift : 0, at = active ? (ui - h * uph) * G : 0;
     Group<T, G> g;
     if (active && staged_v)
-      *reinterpret_cast<uint4*>(g.e) = stage[gq + gk + gi];
+      read_stage(g, stage + (gq + gk) * U, ui);
     else if (active)
-      g.load(v + h * p.v_h + at);
+      load16s(g, v + h * p.v_h + at);
     else
 #pragma unroll
       for (int i = 0; i < G; ++i) g.e[i] = from_float<T>(0.f);
@@ -317,12 +350,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire>)
   }
 }
 
-// The block's threads (above): 256 for a per-token norm, else the rounds' groups spread over the fewest warps.
+// The block's threads (above): 256 for a per-token norm, else the rounds' units (G elements) spread over the fewest
+// warps.
 int block_threads(const core::UlyssesSendParams& p, int G) {
   if (p.norm_q == core::kSendNormToken || p.norm_k == core::kSendNormToken) return kThreads;
-  const int groups = std::max(p.heads, p.kv_heads) * (p.head_dim / G);
-  const int rounds = std::max(1, (groups + kThreads - 1) / kThreads);
-  return ((groups + rounds - 1) / rounds + 31) / 32 * 32;
+  const int units = std::max(p.heads, p.kv_heads) * (p.head_dim / G);
+  const int rounds = std::max(1, (units + kThreads - 1) / kThreads);
+  return ((units + rounds - 1) / rounds + 31) / 32 * 32;
 }
 
 }  // namespace
@@ -335,13 +369,19 @@ cudaError_t ulysses_send(const core::UlyssesSendParams& p, const UlyssesSendPoin
   const dim3 grid(static_cast<unsigned>(rows));
   return with_element_type(dtype, false, [&](auto element, auto) {
     using T = decltype(element);
-    const size_t bytes = stage_bytes(p, 16 / static_cast<int>(sizeof(T)));
-    const dim3 block(block_threads(p, 16 / static_cast<int>(sizeof(T))));
-    if (p.wire == static_cast<int32_t>(core::WireFormat::E4M3FN))
-      return launch_kernel_shared(ulysses_send_kernel<T, 1>, grid, block, bytes, stream, p, ptr);
-    if (p.wire == static_cast<int32_t>(core::WireFormat::E5M2))
-      return launch_kernel_shared(ulysses_send_kernel<T, 2>, grid, block, bytes, stream, p, ptr);
-    return launch_kernel_shared(ulysses_send_kernel<T, 0>, grid, block, bytes, stream, p, ptr);
+    constexpr int G16 = 16 / static_cast<int>(sizeof(T));
+    const size_t bytes = stage_bytes(p, G16);
+    // units of two groups: GPT-J rows whose heads and rotated part span whole units
+    const bool two = !p.is_neox && p.head_dim % (2 * G16) == 0 && p.rotary_dim % (2 * G16) == 0;
+    const dim3 block(block_threads(p, two ? 2 * G16 : G16));
+    const auto go = [&](auto wire) {
+      constexpr int W = decltype(wire)::value;
+      return two ? launch_kernel_shared(ulysses_send_kernel<T, W, 2>, grid, block, bytes, stream, p, ptr)
+                 : launch_kernel_shared(ulysses_send_kernel<T, W, 1>, grid, block, bytes, stream, p, ptr);
+    };
+    if (p.wire == static_cast<int32_t>(core::WireFormat::E4M3FN)) return go(std::integral_constant<int, 1>{});
+    if (p.wire == static_cast<int32_t>(core::WireFormat::E5M2)) return go(std::integral_constant<int, 2>{});
+    return go(std::integral_constant<int, 0>{});
   });
 }
 

@@ -81,9 +81,14 @@ def test_weights_in_the_inputs_dtype_equal_the_chain(dtype, B, S, H, Hkv, D, wor
 @CUDA
 @pytest.mark.parametrize("B, S, H, world, norm", [(1, 9450, 40, 8, "token"), (1, 2304, 24, 2, "head")])
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_model_sized_grids_equal_the_chain(B, S, H, world, norm, weight_dtype):
+@pytest.mark.parametrize("wire_dtype", [None, torch.float8_e4m3fn], ids=str)
+def test_model_sized_grids_equal_the_chain(B, S, H, world, norm, weight_dtype, wire_dtype):
     """Wan 2.1-14B 720p / 8 and Flux 1024^2 / 2 per rank: thousands of blocks resident at once, where a block
-    reading shared memory that another of its threads wrote without a barrier shows; bit for bit the chain."""
+    reading shared memory that another of its threads wrote without a barrier shows; bit for bit the chain (its
+    fp8 wire rows byte for byte)."""
+    from attnprep.ulysses.agreement import _WIRE
+    from attnprep.ulysses.wire import _quantize
+
     D = 128
     g = torch.Generator(device="cuda").manual_seed(S)
     fused = torch.randn(B, S, 3 * H * D, device="cuda", generator=g).to(torch.bfloat16)
@@ -94,8 +99,14 @@ def test_model_sized_grids_equal_the_chain(B, S, H, world, norm, weight_dtype):
     qw, kw = ((1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(weight_dtype) for _ in range(2))
     args = (q, k, v, world, qw, kw, 1e-6, 0.0, cos_sin, None, D, False)
     want = chain(*args)
-    got = _C._ulysses_send(*args)
-    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    if wire_dtype is None:
+        got = _C._ulysses_send(*args)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+        return
+    want = _quantize(want.reshape(world, S * B, want.shape[3] // D, D), wire_dtype)
+    wire = torch.full((world, S, B, want.shape[2]), 0x5A, dtype=torch.uint8, device="cuda")  # poisoned
+    got = _C._ulysses_send(*args, _WIRE[wire_dtype], wire)
+    assert torch.equal(got.view(world, S * B, -1), want)
 
 
 @CUDA
