@@ -3,7 +3,8 @@
 // then q and k go through registers a round of the block's threads at a time, each thread a unit of one group or (GPT-J
 // rows) two adjacent ones; the norm's pairwise sum runs over units, lanes, warps and rounds (per token) or a head's
 // lanes (per head); a thread holds the same elements of a head in every round (its cos/sin read once per row); every
-// group is written once (a replicated kv head once per destination).
+// group is written once (a replicated kv head once per destination); fp8 rows write each k unit with its v unit (two
+// amaxes side by side).
 #include "cuda/ulysses_send.h"
 
 #include <algorithm>
@@ -28,7 +29,7 @@ using namespace rope;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // Blocks per SM the registers must allow, by the unit's groups U: plain rows of one 5 (48 registers), any other 4 (64;
-// fp8 with U 2 spills 12 bytes, and 3 blocks, spill-free, measured slower). A round's unit is read from shared memory
+// fp8 with U 2 spills 8 bytes, and 3 blocks, spill-free, measured slower). A round's unit is read from shared memory
 // where it is needed, none held across rounds.
 template <int Wire, int U>
 constexpr int kMinBlocks = U == 2      ? 4
@@ -50,11 +51,6 @@ struct Row {  // the send row (s, b)
   unsigned char* base;  // the row's start in destination 0's part of the send buffer
   int64_t stride;       // bytes between destinations' parts
 };
-
-// The send row of destination d for row (s, b): its index among the buffer's world * S * B rows.
-__device__ __forceinline__ int64_t send_row(const UlyssesSendParams& p, const Row& r, int d) {
-  return (d * p.S + r.s) * p.B + r.b;
-}
 
 // h / n for a row's heads by a multiply-high with ceil(2^32 / n): exact for h, n < 2^16 (the plan allows 1024
 // groups of q or k a row); the kernel makes one per divisor at its start, in place of an integer division per group.
@@ -89,13 +85,14 @@ __device__ __forceinline__ void read_stage(Group<T, N>& g, const uint4* stage, i
   for (int j = 0; j < V; ++j) reinterpret_cast<uint4*>(g.e)[j] = stage[unit * V + j];
 }
 
-// Writes unit g of head h (q when is_q, else a kv head at slot offset `kv_slot`: 0 for k, local_kv for v) to each
-// destination that takes it: plain (Wire 0), or as fp8 wire bytes with the head's scale. Every lane of the warp
-// calls it (the head's largest magnitude is a reduction over its head_dim / G lanes); `active` lanes hold a unit.
-template <typename T, int G, int Wire>
+// Writes unit g[0] of head h (q when is_q, else a kv head at slot offset `kv_slot`: 0 for k, local_kv for v) and,
+// with K 2, g[1] as the same kv head's v, to each destination that takes them: plain (Wire 0), or as fp8 wire bytes
+// with each head's scale. Every lane of the warp calls it (an amax is a reduction over a head's lanes).
+template <typename T, int G, int Wire, int K = 1>
 __device__ __forceinline__ void put(const UlyssesSendParams& p, const Divisors& div, const Row& r, bool is_q, int h,
-                                    int within, int kv_slot, const Group<T, G>& g, bool active) {
+                                    int within, int kv_slot, const Group<T, G> (&g)[K], bool active) {
   int d0 = 0, count = 1, slot = 0;
+  const int v_slot = p.kv_heads >= p.world ? p.local_kv : 1;  // g[1]'s offset from g[0]'s (k's) slot
   if (is_q) {
     d0 = div.q(h), slot = h - d0 * p.local_q;
   } else if (p.kv_heads >= p.world) {
@@ -106,33 +103,43 @@ __device__ __forceinline__ void put(const UlyssesSendParams& p, const Divisors& 
   if constexpr (Wire == 0) {
     if (!active) return;
     for (int d = d0; d < d0 + count; ++d)
-      store16s(g, reinterpret_cast<T*>(r.base + d * r.stride) + slot * p.head_dim + within);
+#pragma unroll
+      for (int j = 0; j < K; ++j)
+        store16s(g[j], reinterpret_cast<T*>(r.base + d * r.stride) + (slot + j * v_slot) * p.head_dim + within);
   } else {
     constexpr auto F = static_cast<core::WireFormat>(Wire);
-    float f[G];
+    const T* values[K];
 #pragma unroll
-    for (int i = 0; i < G; ++i) f[i] = to_float(g.e[i]);
-    const float amax = fp8_wire::block_amax<T, G>(g.e, static_cast<unsigned>(p.head_dim / G));
+    for (int j = 0; j < K; ++j) values[j] = g[j].e;
+    float amax[K];
+    fp8_wire::block_amax<T, G, K>(values, static_cast<unsigned>(p.head_dim / G), amax);
     if (!active) return;
-    float scale, inv;
-    fp8_wire::block_scale<F>(amax, scale, inv);
-    uint32_t words[G / 4];  // the G fp8 bytes, first element lowest
+    float scale[K], inv[K];
 #pragma unroll
-    for (int i = 0; i < G; i += 4) {
-      const uint32_t lo = fp8_wire::to_fp8x2<F>(f[i], f[i + 1], inv);
-      const uint32_t hi = fp8_wire::to_fp8x2<F>(f[i + 2], f[i + 3], inv);
-      words[i / 4] = lo | (hi << 16);
-    }
+    for (int j = 0; j < K; ++j) fp8_wire::block_scale<F>(amax[j], scale[j], inv[j]);
+    uint32_t words[K][G / 4];  // the G fp8 bytes of each, first element lowest
+#pragma unroll
+    for (int j = 0; j < K; ++j)
+#pragma unroll
+      for (int i = 0; i < G; i += 4) {
+        const uint32_t lo = fp8_wire::to_fp8x2<F>(to_float(g[j].e[i]), to_float(g[j].e[i + 1]), inv[j]);
+        const uint32_t hi = fp8_wire::to_fp8x2<F>(to_float(g[j].e[i + 2]), to_float(g[j].e[i + 3]), inv[j]);
+        words[j][i / 4] = lo | (hi << 16);
+      }
     for (int d = d0; d < d0 + count; ++d) {
       unsigned char* row = r.base + d * r.stride;
-      if constexpr (G == 16)
-        *reinterpret_cast<uint4*>(row + slot * p.head_dim + within) =
-            make_uint4(words[0], words[1], words[2], words[3]);
-      else if constexpr (G == 8)
-        *reinterpret_cast<uint2*>(row + slot * p.head_dim + within) = make_uint2(words[0], words[1]);
-      else
-        *reinterpret_cast<uint32_t*>(row + slot * p.head_dim + within) = words[0];
-      if (within == 0) *reinterpret_cast<float*>(row + int64_t{p.n} * p.head_dim + 4 * slot) = scale;
+#pragma unroll
+      for (int j = 0; j < K; ++j) {
+        const int at = (slot + j * v_slot) * p.head_dim + within;
+        if constexpr (G == 16)
+          *reinterpret_cast<uint4*>(row + at) = make_uint4(words[j][0], words[j][1], words[j][2], words[j][3]);
+        else if constexpr (G == 8)
+          *reinterpret_cast<uint2*>(row + at) = make_uint2(words[j][0], words[j][1]);
+        else
+          *reinterpret_cast<uint32_t*>(row + at) = words[j][0];
+        if (within == 0)
+          *reinterpret_cast<float*>(row + int64_t{p.n} * p.head_dim + 4 * (slot + j * v_slot)) = scale[j];
+      }
     }
   }
 }
@@ -170,11 +177,13 @@ __device__ __forceinline__ float norm_inv(float ss, int n, float eps) {
   return rcp_sqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps));
 }
 
-// q (or k) of the row: loaded, normalized, rotated, written.
-template <typename T, int G, int Wire, int kCs>
+// q (or k) of the row: loaded, normalized, rotated, written; kWithV: each k unit written with its v unit (from
+// v_stage where staged, else from v_row), their fp8 amaxes side by side.
+template <typename T, int G, int Wire, int kCs, bool kWithV = false>
 __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const Divisors& div,
                                               const UlyssesSendPointers& ptr, const Row& r, bool is_q,
-                                              const float2 (&cs)[kCs], const uint4* stage, float (*sums)[kWarps]) {
+                                              const float2 (&cs)[kCs], const uint4* stage, float (*sums)[kWarps],
+                                              const T* v_row = nullptr, const uint4* v_stage = nullptr) {
   constexpr bool kNeox = kCs == G;  // units of two groups only for GPT-J rows (their cos/sin take half the registers)
   const int heads = is_q ? p.heads : p.kv_heads;
   const int norm = is_q ? p.norm_q : p.norm_k;
@@ -281,7 +290,20 @@ __device__ __forceinline__ void norm_rope_put(const UlyssesSendParams& p, const 
         g.set2(j, rotate_first(v.x, v.y, cs[j]), rotate_second(v.x, v.y, cs[j]));
       }
     }
-    put<T, G, Wire>(p, div, r, is_q, h, within, 0, g, active);
+    if constexpr (kWithV) {
+      Group<T, G> kv[2] = {g, {}};
+      if (active && v_stage)
+        read_stage(kv[1], v_stage, ui);
+      else if (active)
+        load16s(kv[1], v_row + h * p.v_h + within);
+      else
+#pragma unroll
+        for (int i = 0; i < G; ++i) kv[1].e[i] = from_float<T>(0.f);
+      put<T, G, Wire, 2>(p, div, r, false, h, within, 0, kv, active);
+    } else {
+      const Group<T, G> one[1] = {g};
+      put<T, G, Wire>(p, div, r, is_q, h, within, 0, one, active);
+    }
   }
 }
 
@@ -321,30 +343,36 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Wire, U>)
   }
   wait_async_copies_but<2>();  // q's copies
   norm_rope_put<T, G, Wire, kCs>(p, div, ptr, r, true, cs, stage, sums);
-  wait_async_copies_but<1>();  // k's
-  norm_rope_put<T, G, Wire, kCs>(p, div, ptr, r, false, cs, stage + gq * U, sums);
-  let_next_kernel_start();
-  wait_async_copies_but<0>();  // v's
-  const int units = gk;
-  for (int base = 0; base < units;
-       base += static_cast<int>(blockDim.x)) {  // every lane of a warp in every round (put's reductions)
-    const int ui = base + static_cast<int>(threadIdx.x);
-    const bool active = ui < units;
-    const int h = active ? ui >> uph_shift : 0, at = active ? (ui - h * uph) * G : 0;
-    Group<T, G> g;
-    if (active && staged_v)
-      read_stage(g, stage + (gq + gk) * U, ui);
-    else if (active)
-      load16s(g, v + h * p.v_h + at);
-    else
+  if constexpr (Wire != 0) {  // k and v together (their fp8 amaxes side by side)
+    wait_async_copies_but<0>();
+    let_next_kernel_start();
+    norm_rope_put<T, G, Wire, kCs, true>(p, div, ptr, r, false, cs, stage + gq * U, sums, v,
+                                         staged_v ? stage + (gq + gk) * U : nullptr);
+  } else {
+    wait_async_copies_but<1>();  // k's
+    norm_rope_put<T, G, Wire, kCs>(p, div, ptr, r, false, cs, stage + gq * U, sums);
+    let_next_kernel_start();
+    wait_async_copies_but<0>();  // v's
+    const int units = gk;
+    for (int base = 0; base < units; base += static_cast<int>(blockDim.x)) {
+      const int ui = base + static_cast<int>(threadIdx.x);
+      const bool active = ui < units;
+      const int h = active ? ui >> uph_shift : 0, at = active ? (ui - h * uph) * G : 0;
+      Group<T, G> g[1];
+      if (active && staged_v)
+        read_stage(g[0], stage + (gq + gk) * U, ui);
+      else if (active)
+        load16s(g[0], v + h * p.v_h + at);
+      else
 #pragma unroll
-      for (int i = 0; i < G; ++i) g.e[i] = from_float<T>(0.f);
-    put<T, G, Wire>(p, div, r, false, h, at, p.kv_heads >= p.world ? p.local_kv : 1, g, active);
+        for (int i = 0; i < G; ++i) g[0].e[i] = from_float<T>(0.f);
+      put<T, G, Wire>(p, div, r, false, h, at, p.kv_heads >= p.world ? p.local_kv : 1, g, active);
+    }
   }
   if (Wire != 0) {  // each destination row's zero padding after its scales
     const int64_t used = int64_t{p.n} * p.head_dim + 4 * p.n;
     for (int d = static_cast<int>(threadIdx.x); d < p.world; d += static_cast<int>(blockDim.x)) {
-      unsigned char* row = static_cast<unsigned char*>(ptr.send) + send_row(p, r, d) * p.row_bytes;
+      unsigned char* row = r.base + d * r.stride;
       for (int64_t at = used; at < p.row_bytes; at += 4) *reinterpret_cast<uint32_t*>(row + at) = 0u;
     }
   }

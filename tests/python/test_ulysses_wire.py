@@ -102,6 +102,33 @@ def test_quantize_and_dequantize_strided_views_match_torch(wire, dtype, world, r
 
 
 @needs_cuda
+@pytest.mark.parametrize("wire", list(WIRES), ids=str)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+def test_every_block_maximum_gets_the_divided_scale(wire, dtype):
+    """The kernel's scale (amax times fmax's rounded reciprocal, one FMA
+    correction) is IEEE division's: every positive finite 16-bit value as a
+    block's largest magnitude (either sign), and for float32 a sweep of the
+    whole range and of the tiny blocks where the inverse overflows or the
+    scale falls below float32's normals."""
+    g = torch.Generator().manual_seed(7)
+    if dtype == torch.float32:
+        bits = torch.randint(1, 0x7F800000, (1 << 18,), generator=g, dtype=torch.int64)
+        tiny = torch.randint(0x03800000, 0x07800000, (1 << 16,), generator=g, dtype=torch.int64)  # 8e-37 - 2e-34
+        top = torch.cat([bits, tiny]).to(torch.int32).view(torch.float32)
+    else:
+        top = torch.arange(1, 0x7F80 if dtype == torch.bfloat16 else 0x7C00, dtype=torch.int16).view(dtype)
+    dim = 32 // dtype.itemsize
+    x = (torch.rand(top.numel(), dim, generator=g) * 2 - 1).to(dtype) * top[:, None]  # |x| <= |top|
+    x[:, 0] = top
+    x[1::2, 0] *= -1
+    x = x.view(1, -1, 1, dim).cuda()
+    want = ulysses.wire._to_wire(x, wire)
+    got = torch.full_like(want, 0xA5)
+    assert attnprep._C._wire_quantize(x, ulysses.agreement._WIRE[wire], got)
+    assert torch.equal(got, want)
+
+
+@needs_cuda
 def test_where_the_kernels_do_not_apply_the_torch_path_gives_the_same_layer():
     """head_dim 96 (192-byte blocks), head_dim 8 (16 bytes) and a strided
     head_dim: the kernels decline, touching nothing, and the layer's
