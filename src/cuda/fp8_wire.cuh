@@ -62,7 +62,7 @@ __device__ __forceinline__ float block_amax(const T* e, unsigned lanes) {
 
 // scale = amax / fmax, values x * (fmax / amax); both 1 when the scale is not positive (zero or NaN) or the
 // inverse overflows. The quotient by fmax is a product with fmax's rounded reciprocal and one FMA correction: IEEE
-// division's for every float amax whose inverse does not overflow (checked exhaustively), infinity as is.
+// division's for every float amax whose inverse does not overflow (all checked: performance-notes.md), inf as is.
 template <core::WireFormat F>
 __device__ __forceinline__ void block_scale(float amax, float& scale, float& inv) {
   constexpr float kRcp = 1.f / kFormatMax<F>;
