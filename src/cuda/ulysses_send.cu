@@ -29,7 +29,7 @@ using namespace rope;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 // Blocks per SM the registers must allow, by the unit's groups U: plain rows of one 5 (48 registers), any other 4 (64;
-// fp8 with U 2 spills 8 bytes, and 3 blocks, spill-free, measured slower). A round's unit is read from shared memory
+// fp8 with U 2 spills 12 bytes, and 3 blocks, spill-free, measured slower). A round's unit is read from shared memory
 // where it is needed, none held across rounds.
 template <int Wire, int U>
 constexpr int kMinBlocks = U == 2      ? 4
